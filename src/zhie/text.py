@@ -1,0 +1,177 @@
+"""Tokenisation with exact character offsets, and windows over long texts.
+
+An :class:`Encoding` holds the *content* tokens of one text (no ``[CLS]``/``[SEP]``): their ids and, per
+token, the character range ``[start, end)`` of the original text it stands for. Model inputs add the
+special tokens around a window of content tokens (:meth:`TextTokenizer.model_input`).
+
+Two modes:
+
+* ``char`` — one token per character, how Chinese NER and segmentation data are labelled. Each character
+  is normalised by the tokenizer's own normaliser (full-width -> half-width, lower-casing, ... whatever the
+  encoder was trained with) and looked up in the vocabulary (for SentencePiece vocabularies also with the
+  ``▁`` prefix); a character missing from the vocabulary becomes the unknown token and keeps its offset.
+  **Whitespace** (``str.isspace``: spaces, tabs, newlines, U+3000, ...) and characters that normalise to
+  nothing (control characters) produce **no token**: they are never part of a token, a span can contain
+  them but cannot start or end on them.
+* ``subword`` — the fast tokenizer's own tokens and offsets (English and word-level data). Offsets are
+  trimmed of surrounding whitespace; a token that stands for no character (a lone ``▁``) gets an empty
+  range at the position of the next character.
+
+Both modes guarantee: ``0 <= start <= end <= len(text)``, starts and ends never decrease, and
+``text[start:end]`` of any token range is the text that range covers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Encoding:
+    text: str
+    ids: list[int]
+    starts: list[int]
+    ends: list[int]
+    _char_to_token: list[int] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def char_to_token(self) -> list[int]:
+        """For each character, the first token that covers it, or -1 (whitespace, dropped characters)."""
+        if self._char_to_token is None:
+            table = [-1] * len(self.text)
+            for t, (s, e) in enumerate(zip(self.starts, self.ends)):
+                for c in range(s, e):
+                    if table[c] < 0:
+                        table[c] = t
+            self._char_to_token = table
+        return self._char_to_token
+
+    def token_span_to_chars(self, start: int, end: int) -> tuple[int, int]:
+        """Content tokens ``[start, end)`` -> characters ``[s, e)``."""
+        return self.starts[start], self.ends[end - 1]
+
+    def char_span_to_tokens(self, start: int, end: int) -> tuple[int, int] | None:
+        """Characters ``[start, end)`` -> the content tokens ``[s, e)`` overlapping them, or None if none does."""
+        first = bisect.bisect_right(self.ends, start)
+        last = bisect.bisect_left(self.starts, end)
+        return (first, last) if first < last else None
+
+
+class TextTokenizer:
+    """Wraps a transformers fast tokenizer; ``mode`` is ``"char"`` or ``"subword"``."""
+
+    def __init__(self, tokenizer, mode: str = "char"):
+        if mode not in ("char", "subword"):
+            raise ValueError(f"unknown tokenisation mode {mode!r}; use 'char' or 'subword'")
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError("zhie needs a fast (tokenizers-backed) tokenizer for character offsets")
+        self.tokenizer = tokenizer
+        self.mode = mode
+        self.cls_id = _first_id(tokenizer, "cls_token_id", "bos_token_id")
+        self.sep_id = _first_id(tokenizer, "sep_token_id", "eos_token_id")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.unk_id = tokenizer.unk_token_id
+        self._vocab = tokenizer.get_vocab()
+        self._normalizer = tokenizer.backend_tokenizer.normalizer
+        self._char_ids: dict[str, int | None] = {}
+        # ids of tokens that stand for no character of their own (SentencePiece's lone metaspace)
+        self._empty_ids = {i for piece, i in self._vocab.items() if piece == "\u2581"}
+
+    def __call__(self, text: str) -> Encoding:
+        return self.encode_char(text) if self.mode == "char" else self.encode_subword(text)
+
+    def char_id(self, char: str) -> int | None:
+        """The token id of one character in char mode; None when it produces no token."""
+        if char not in self._char_ids:
+            self._char_ids[char] = self._lookup(char)
+        return self._char_ids[char]
+
+    def _lookup(self, char: str) -> int | None:
+        if char.isspace():
+            return None
+        norm = self._normalizer.normalize_str(char).strip() if self._normalizer else char
+        if not norm:
+            return None
+        for piece in (norm, "\u2581" + norm, char):
+            if piece in self._vocab:
+                return self._vocab[piece]
+        return self.unk_id
+
+    def encode_char(self, text: str) -> Encoding:
+        ids, starts = [], []
+        for i, char in enumerate(text):
+            token = self.char_id(char)
+            if token is not None:
+                ids.append(token)
+                starts.append(i)
+        return Encoding(text, ids, starts, [s + 1 for s in starts])
+
+    def encode_subword(self, text: str) -> Encoding:
+        out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, starts, ends = list(out["input_ids"]), [], []
+        for token, (s, e) in zip(ids, out["offset_mapping"]):
+            if token in self._empty_ids:
+                s = e
+            while s < e and text[s].isspace():
+                s += 1
+            while e > s and text[e - 1].isspace():
+                e -= 1
+            starts.append(s)
+            ends.append(e)
+        # empty tokens (a lone metaspace) sit at the next token's start; keep both sequences monotone
+        nxt = len(text)
+        for t in range(len(ids) - 1, -1, -1):
+            if starts[t] == ends[t]:
+                starts[t] = ends[t] = nxt
+            nxt = starts[t]
+        for t in range(1, len(ids)):
+            starts[t] = max(starts[t], starts[t - 1])
+            ends[t] = max(ends[t], ends[t - 1], starts[t])
+        return Encoding(text, ids, starts, ends)
+
+    def model_input(self, ids: list[int]) -> list[int]:
+        """Content token ids -> model input ids with the special tokens (``[CLS] ids [SEP]``)."""
+        return [self.cls_id, *ids, self.sep_id]
+
+
+def _first_id(tokenizer, *attrs: str) -> int:
+    for attr in attrs:
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            return value
+    raise ValueError(f"tokenizer has none of {attrs}")
+
+
+def windows(n_tokens: int, size: int, stride: int) -> Iterator[tuple[int, int]]:
+    """Token ranges ``[a, b)`` of at most ``size`` tokens covering ``range(n_tokens)``.
+
+    Consecutive windows overlap by ``stride`` tokens, so an entity near a cut is whole in one of them.
+    """
+    if size <= 0 or not 0 <= stride < size:
+        raise ValueError(f"need size > 0 and 0 <= stride < size (size={size}, stride={stride})")
+    start = 0
+    while True:
+        end = min(start + size, n_tokens)
+        yield start, end
+        if end >= n_tokens:
+            return
+        start = end - stride
+
+
+def owns(window: tuple[int, int], span_start: int, n_tokens: int, stride: int) -> bool:
+    """Whether the span starting at token ``span_start`` is reported by ``window`` (from :func:`windows`).
+
+    Each overlap is cut in half: a window reports the spans that start between the middle of its overlap
+    with the previous window and the middle of its overlap with the next, so each span is reported once,
+    by the window that sees the most context before it. Spans up to ``stride // 2`` tokens long are always
+    whole in their window.
+    """
+    a, b = window
+    left = a + stride // 2 if a > 0 else 0
+    right = b - stride + stride // 2 if b < n_tokens else n_tokens
+    return left <= span_start < right
