@@ -99,9 +99,7 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 def tiny(texts: Iterable[str], *, seed: int = 0, hidden_size: int = 128, layers: int = 2, heads: int = 2,
          max_length: int = 512):
     """A random small BERT with one token per distinct (non-space) character of ``texts``."""
-    import tempfile
-
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel
 
     chars = sorted({c for text in texts for c in text if not c.isspace()})
     vocab = SPECIAL_TOKENS + chars
@@ -111,12 +109,23 @@ def tiny(texts: Iterable[str], *, seed: int = 0, hidden_size: int = 128, layers:
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = BertModel(config, add_pooling_layer=False)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file = Path(tmp) / "vocab.txt"
-        vocab_file.write_text("\n".join(vocab) + "\n", encoding="utf-8")
-        tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=False, strip_accents=False,
-                                      tokenize_chinese_chars=True, model_max_length=max_length)
-    return model, tokenizer
+    return model, wordpiece_tokenizer(vocab, max_length=max_length)
+
+
+def wordpiece_tokenizer(vocab: list[str], *, lowercase: bool = False, max_length: int = 512):
+    """A BERT-style fast tokenizer over ``vocab`` (which must start with the BERT special tokens)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    ids = {token: i for i, token in enumerate(vocab)}
+    tok = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=max_length, unk_token="[UNK]",
+                                   pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
 
 
 def prune_vocab(model: nn.Module, tokenizer, keep_ids: Iterable[int]):

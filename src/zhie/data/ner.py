@@ -1,0 +1,387 @@
+"""Readers and a writer for NER corpora, all producing :class:`NerExample` with exclusive ends.
+
+Formats (see ``../shared/data/README.md``):
+
+- ``cluener``: JSON lines ``{"text", "label": {type: {mention: [[start, end_inclusive], ...]}}}``;
+  a record without ``"label"`` (the test split) has no spans.
+- ``conll``: one ``token TAG`` per line (space or tab separated), a blank line between sentences.
+- ``cmeee``: one JSON list of ``{"text", "entities": [{"start_idx", "end_idx" (inclusive), "type",
+  "entity"}]}``; nested and overlapping entities are kept as they are.
+- ``jsonl``: zhie's own JSON lines ``{"text", "entities": [{"start", "end", "label", "text"}]}``
+  with exclusive ends (``"spans"`` is accepted in place of ``"entities"``).
+
+The inclusive ends of CLUENER and CMeEE are converted here, and nowhere else. Every reader checks
+what it reads and raises :class:`DataError` (file, 1-based line, reason) on the first problem.
+Identical spans (same start, end and label) within one example are kept once; spans that share a
+range but differ in label, nest or overlap are all kept, so a "flat" corpus that contains a nested
+mention (CLUENER train has one) reads as it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zhie.data.base import DataError, PathLike, iter_lines, json_line
+from zhie.spans import Span, tags_to_spans
+
+
+@dataclass
+class NerExample:
+    """A text and its entity spans, sorted by (start, end, label), with exclusive ends."""
+
+    text: str
+    spans: list[Span] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _example(text: str, triples: Iterable[tuple[int, int, str]]) -> NerExample:
+    """Deduplicate and sort (start, end_exclusive, label) triples into an example."""
+    return NerExample(text, [Span(s, e, label, text[s:e]) for s, e, label in sorted(set(triples))])
+
+
+def _text(path: PathLike, lineno: int, record: dict, where: str = "") -> str:
+    if "text" not in record:
+        raise DataError(path, lineno, f"missing field 'text'{where}")
+    text = record["text"]
+    if not isinstance(text, str):
+        raise DataError(path, lineno, f"field 'text' must be a string, got {type(text).__name__}{where}")
+    return text
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_range(path, lineno, text: str, start, end, what: str) -> None:
+    """Check an exclusive range [start, end) is a non-empty piece of ``text``."""
+    if not (_is_int(start) and _is_int(end)):
+        raise DataError(path, lineno, f"{what}: offsets must be integers, got {start!r}, {end!r}")
+    if not 0 <= start < end <= len(text):
+        raise DataError(
+            path, lineno, f"{what}: range [{start}, {end}) is empty or outside the text (length {len(text)})"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# CLUENER
+# ----------------------------------------------------------------------------------------------------
+
+
+def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
+    text = _text(path, lineno, record)
+    label = record.get("label")
+    if label is None:  # the test split has no labels
+        return NerExample(text, [])
+    if not isinstance(label, dict):
+        raise DataError(path, lineno, f"field 'label' must be an object, got {type(label).__name__}")
+    triples = []
+    for etype, mentions in label.items():
+        if not etype:
+            raise DataError(path, lineno, "empty entity type in 'label'")
+        if not isinstance(mentions, dict):
+            raise DataError(path, lineno, f"label[{etype!r}] must map mentions to offsets")
+        for mention, offsets in mentions.items():
+            what = f"label[{etype!r}][{mention!r}]"
+            if not isinstance(offsets, list):
+                raise DataError(path, lineno, f"{what} must be a list of [start, end] pairs")
+            for pair in offsets:
+                if not (isinstance(pair, list) and len(pair) == 2):
+                    raise DataError(path, lineno, f"{what}: expected a [start, end] pair, got {pair!r}")
+                start, end_incl = pair
+                end = end_incl + 1 if _is_int(end_incl) else end_incl
+                _check_range(path, lineno, text, start, end, what)
+                if text[start:end] != mention:
+                    raise DataError(
+                        path,
+                        lineno,
+                        f"{what}: mention does not match the text at [{start}, {end_incl}] "
+                        f"(end inclusive), which reads {text[start:end]!r}",
+                    )
+                triples.append((start, end, etype))
+    return _example(text, triples)
+
+
+def read_cluener(path: PathLike) -> list[NerExample]:
+    """Read CLUENER JSON lines (inclusive ends converted to exclusive)."""
+    out = [_cluener_record(path, n, json_line(path, n, line)) for n, line in iter_lines(path) if line.strip()]
+    if not out:
+        raise DataError(path, 1, "empty file: no records")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# CoNLL / BIO
+# ----------------------------------------------------------------------------------------------------
+
+_FIELD_SEP = re.compile(r"[ \t]+")
+_LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
+
+
+def read_conll(
+    path: PathLike, *, scheme: str = "BIO", strip_lang_prefix: bool = False, sep: str | None = None
+) -> list[NerExample]:
+    """Read one ``token TAG`` per line (space or tab separated), a blank line between sentences.
+
+    The text of a sentence is its tokens joined by ``sep``; by default (``sep=None``) that is ""
+    when every token in the file is a single character (Chinese character-per-line corpora) and
+    " " otherwise (word-per-line corpora such as WikiANN). Span offsets are character offsets
+    into that text. ``strip_lang_prefix`` removes a WikiANN-style ``en:`` prefix from each token.
+    Tags are decoded with :func:`zhie.spans.tags_to_spans` under ``scheme``.
+    """
+    tags_to_spans([], scheme)  # an unknown scheme is the caller's error (ValueError), not the file's
+    sentences: list[list[tuple[int, str, str]]] = []  # (line number, token, tag)
+    current: list[tuple[int, str, str]] = []
+    for lineno, line in iter_lines(path):
+        line = line.strip(" \t")
+        if not line:
+            if current:
+                sentences.append(current)
+                current = []
+            continue
+        fields = _FIELD_SEP.split(line)
+        if len(fields) != 2:
+            raise DataError(path, lineno, f"expected 'token TAG', got {len(fields)} field(s): {line!r}")
+        token, tag = fields
+        if strip_lang_prefix:
+            token = _LANG_PREFIX.sub("", token)
+        current.append((lineno, token, tag))
+    if current:
+        sentences.append(current)
+    if not sentences:
+        raise DataError(path, 1, "empty file: no sentences")
+
+    if sep is None:
+        sep = "" if all(len(tok) == 1 for sent in sentences for _, tok, _ in sent) else " "
+    out = []
+    for sent in sentences:
+        tokens = [tok for _, tok, _ in sent]
+        tags = [tag for _, _, tag in sent]
+        try:
+            tok_spans = tags_to_spans(tags, scheme)
+        except ValueError:
+            for lineno, _, tag in sent:  # find the offending line
+                try:
+                    tags_to_spans([tag], scheme)
+                except ValueError as e:
+                    raise DataError(path, lineno, str(e)) from None
+            raise
+        starts, pos = [], 0
+        for tok in tokens:
+            starts.append(pos)
+            pos += len(tok) + len(sep)
+        text = sep.join(tokens)
+        out.append(_example(text, ((starts[s], starts[e - 1] + len(tokens[e - 1]), lab) for s, e, lab in tok_spans)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# CMeEE
+# ----------------------------------------------------------------------------------------------------
+
+
+def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> NerExample:
+    where = f" (record {index})"
+    if not isinstance(record, dict):
+        raise DataError(path, lineno, f"expected a JSON object, got {type(record).__name__}{where}")
+    text = _text(path, lineno, record, where)
+    entities = record.get("entities", [])  # a test split has only texts
+    if not isinstance(entities, list):
+        raise DataError(path, lineno, f"field 'entities' must be a list{where}")
+    triples = []
+    for j, ent in enumerate(entities):
+        what = f"record {index}, entity {j}"
+        if not isinstance(ent, dict):
+            raise DataError(path, lineno, f"{what}: expected an object, got {type(ent).__name__}")
+        for key in ("start_idx", "end_idx", "type", "entity"):
+            if key not in ent:
+                raise DataError(path, lineno, f"{what}: missing field {key!r}")
+        start, end_incl, etype, mention = ent["start_idx"], ent["end_idx"], ent["type"], ent["entity"]
+        if not isinstance(etype, str) or not etype:
+            raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string, got {etype!r}")
+        end = end_incl + 1 if _is_int(end_incl) else end_incl
+        _check_range(path, lineno, text, start, end, what)
+        if text[start:end] != mention:
+            raise DataError(
+                path,
+                lineno,
+                f"{what}: 'entity' {mention!r} does not match the text at [{start}, {end_incl}] "
+                f"(end inclusive), which reads {text[start:end]!r}",
+            )
+        triples.append((start, end, etype))
+    return _example(text, triples)
+
+
+def read_cmeee(path: PathLike) -> list[NerExample]:
+    """Read a CMeEE JSON list; errors name the line where the offending record starts."""
+    raw = Path(path).read_bytes()
+    try:
+        s = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise DataError(path, raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from None
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+
+    def fail_json(e: json.JSONDecodeError) -> DataError:
+        return DataError(path, e.lineno, f"malformed JSON: {e.msg} (column {e.colno})")
+
+    def line_at(pos: int) -> int:
+        return s.count("\n", 0, pos) + 1
+
+    pos = ws.match(s).end()
+    if pos == len(s):
+        raise DataError(path, 1, "empty file: no records")
+    if s[pos] != "[":
+        raise DataError(path, line_at(pos), "expected a JSON list of records ('[' ...)")
+    pos = ws.match(s, pos + 1).end()
+    out: list[NerExample] = []
+    lineno, counted = 1, 0  # count newlines incrementally: line_at() per record would be quadratic
+    if s.startswith("]", pos):
+        pos += 1
+    else:
+        while True:
+            lineno += s.count("\n", counted, pos)
+            counted = pos
+            try:
+                record, pos = decoder.raw_decode(s, pos)
+            except json.JSONDecodeError as e:
+                raise fail_json(e) from None
+            out.append(_cmeee_record(path, lineno, len(out), record))
+            pos = ws.match(s, pos).end()
+            if s.startswith(",", pos):
+                pos = ws.match(s, pos + 1).end()
+            elif s.startswith("]", pos):
+                pos += 1
+                break
+            else:
+                raise DataError(path, line_at(pos), "malformed JSON: expected ',' or ']' after a record")
+    pos = ws.match(s, pos).end()
+    if pos != len(s):
+        raise DataError(path, line_at(pos), "malformed JSON: extra data after the list")
+    if not out:
+        raise DataError(path, 1, "empty list: no records")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# zhie's own JSON lines
+# ----------------------------------------------------------------------------------------------------
+
+
+def _jsonl_record(path: PathLike, lineno: int, record: dict) -> NerExample:
+    text = _text(path, lineno, record)
+    key = "entities" if "entities" in record else "spans"
+    entities = record.get(key, [])
+    if not isinstance(entities, list):
+        raise DataError(path, lineno, f"field {key!r} must be a list")
+    unique: dict[tuple[int, int, str], Span] = {}  # identical spans kept once, first score wins
+    for j, ent in enumerate(entities):
+        what = f"{key}[{j}]"
+        if not isinstance(ent, dict):
+            raise DataError(path, lineno, f"{what}: expected an object, got {type(ent).__name__}")
+        for k in ("start", "end", "label"):
+            if k not in ent:
+                raise DataError(path, lineno, f"{what}: missing field {k!r}")
+        start, end, label = ent["start"], ent["end"], ent["label"]
+        if not isinstance(label, str):
+            raise DataError(path, lineno, f"{what}: 'label' must be a string, got {label!r}")
+        _check_range(path, lineno, text, start, end, what)
+        if "text" in ent and ent["text"] != text[start:end]:
+            raise DataError(
+                path,
+                lineno,
+                f"{what}: 'text' {ent['text']!r} does not match text[{start}:{end}] = {text[start:end]!r}",
+            )
+        score = ent.get("score")
+        if score is not None and not (isinstance(score, (int, float)) and not isinstance(score, bool)):
+            raise DataError(path, lineno, f"{what}: 'score' must be a number, got {score!r}")
+        span = Span(start, end, label, text[start:end], None if score is None else float(score))
+        unique.setdefault((start, end, label), span)
+    return NerExample(text, [unique[k] for k in sorted(unique)])
+
+
+def read_ner_jsonl(path: PathLike) -> list[NerExample]:
+    """Read zhie's JSON lines (exclusive ends); the inverse of :func:`write_ner_jsonl`."""
+    out = [_jsonl_record(path, n, json_line(path, n, line)) for n, line in iter_lines(path) if line.strip()]
+    if not out:
+        raise DataError(path, 1, "empty file: no records")
+    return out
+
+
+def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
+    """Write examples as zhie JSON lines, atomically (a temporary file, then ``os.replace``)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            for ex in examples:
+                rec = {"text": ex.text, "entities": [sp.to_dict() for sp in ex.spans]}
+                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------
+# Dispatch
+# ----------------------------------------------------------------------------------------------------
+
+FORMATS = ("cluener", "conll", "cmeee", "jsonl")
+
+
+def detect_format(path: PathLike) -> str:
+    """Guess a NER file's format from its content (see :func:`read_ner`)."""
+    first = None
+    for lineno, line in iter_lines(path):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if first is None:
+            first = stripped[0]
+            if first == "[":
+                return "cmeee"
+            if first != "{":
+                return "conll"
+        record = json_line(path, lineno, stripped)
+        if "label" in record:
+            return "cluener"
+        if "entities" in record or "spans" in record:
+            return "jsonl"
+        if "text" not in record:
+            raise DataError(path, lineno, "cannot tell the format: a JSON object without 'text'")
+    if first is None:
+        raise DataError(path, 1, "empty file")
+    return "cluener"  # JSON lines with texts only (e.g. CLUENER's test split)
+
+
+def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = False) -> list[NerExample]:
+    """Read a NER file in any supported format; ``format="auto"`` detects it from the content.
+
+    Detection: a JSON list -> "cmeee"; JSON lines whose first labelled record has "label" ->
+    "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
+    anything else -> "conll". ``strip_lang_prefix`` applies to "conll" only.
+    """
+    if format == "auto":
+        format = detect_format(path)
+    if format == "cluener":
+        return read_cluener(path)
+    if format == "conll":
+        return read_conll(path, strip_lang_prefix=strip_lang_prefix)
+    if format == "cmeee":
+        return read_cmeee(path)
+    if format == "jsonl":
+        return read_ner_jsonl(path)
+    raise ValueError(f"unknown NER format {format!r}; expected 'auto' or one of {FORMATS}")

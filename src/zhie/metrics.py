@@ -1,0 +1,63 @@
+"""Evaluation metrics.
+
+- :func:`span_prf`: span-level precision / recall / F1, micro-averaged and per type (NER).
+
+Conventions shared by every metric here: inputs are per-example lists, a ratio with a zero
+denominator is 0.0, and results are plain dicts of Python numbers (JSON-serialisable).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from zhie.spans import Span
+
+SpanLike = Span | tuple[int, int, str]
+
+
+def _prf(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
+    precision = tp / n_pred if n_pred else 0.0
+    recall = tp / n_gold if n_gold else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def _key(span: SpanLike) -> tuple[int, int, str]:
+    if isinstance(span, Span):
+        return span.start, span.end, span.label
+    start, end, label = span[:3]
+    return start, end, label
+
+
+def span_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLike]]) -> dict:
+    """Exact-match span P/R/F1 over a corpus.
+
+    ``gold[i]`` and ``pred[i]`` are the spans of example ``i`` (:class:`Span` objects or
+    ``(start, end, label)`` tuples); a span is correct when its (start, end, label) is among the
+    gold ones of the same example. Each example's spans are a set: duplicates count once, and
+    text and score are ignored. This is the metric of seqeval / conlleval for flat spans, and it
+    applies unchanged to nested ones.
+
+    Returns ``{"micro": {"precision", "recall", "f1"}, "per_type": {label: {"precision", "recall",
+    "f1", "support"}}, "n_gold", "n_pred"}``, where ``support`` is the number of gold spans of that
+    type and ``per_type`` lists every label seen in gold or pred, sorted.
+    """
+    if len(gold) != len(pred):
+        raise ValueError(f"gold has {len(gold)} examples but pred has {len(pred)}")
+    tp, n_gold, n_pred = Counter(), Counter(), Counter()
+    for g_spans, p_spans in zip(gold, pred, strict=True):
+        g = {_key(s) for s in g_spans}
+        p = {_key(s) for s in p_spans}
+        n_gold.update(label for _, _, label in g)
+        n_pred.update(label for _, _, label in p)
+        tp.update(label for _, _, label in g & p)
+    per_type = {}
+    for label in sorted(n_gold.keys() | n_pred.keys()):
+        per_type[label] = {**_prf(tp[label], n_pred[label], n_gold[label]), "support": n_gold[label]}
+    return {
+        "micro": _prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values())),
+        "per_type": per_type,
+        "n_gold": sum(n_gold.values()),
+        "n_pred": sum(n_pred.values()),
+    }
