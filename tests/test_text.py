@@ -73,10 +73,20 @@ def check_spans(text, enc):
             assert all(enc.starts[u] < e and enc.ends[u] > s for u in range(lo, hi) if enc.starts[u] < enc.ends[u])
 
 
+@pytest.fixture(scope="module")
+def char_tok(hf_tokenizer):
+    return TextTokenizer(hf_tokenizer, "char")
+
+
+@pytest.fixture(scope="module")
+def subword_tok(hf_tokenizer):
+    return TextTokenizer(hf_tokenizer, "subword")
+
+
 @SETTINGS
 @given(text=TEXTS)
-def test_char_mode_offsets(hf_tokenizer, text):
-    tok = TextTokenizer(hf_tokenizer, "char")
+def test_char_mode_offsets(char_tok, text):
+    tok = char_tok
     enc = tok(text)
     check_offsets(text, enc)
     check_spans(text, enc)
@@ -93,8 +103,8 @@ def test_char_mode_offsets(hf_tokenizer, text):
 
 @SETTINGS
 @given(text=TEXTS)
-def test_subword_mode_offsets(hf_tokenizer, text):
-    enc = TextTokenizer(hf_tokenizer, "subword")(text)
+def test_subword_mode_offsets(subword_tok, text):
+    enc = subword_tok(text)
     check_offsets(text, enc)
     check_spans(text, enc)
     for i, c in enumerate(text):  # letters and digits are always covered by some token

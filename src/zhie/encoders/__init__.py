@@ -14,6 +14,7 @@ and the pre-training heads of full checkpoints (``cls.*``, ``lm_head.*``, ...), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable
@@ -47,7 +48,6 @@ def load(name_or_dir: str | os.PathLike, *, texts: Iterable[str] | None = None, 
 
 def load_pretrained(name_or_dir: str | os.PathLike):
     from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     name = str(name_or_dir)
     local = Path(name).is_dir()
@@ -55,12 +55,10 @@ def load_pretrained(name_or_dir: str | os.PathLike):
         raise NotADirectoryError(f"{name}: an encoder is a model directory (config.json, weights, tokenizer)")
     if local and not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"{name}: no config.json; is this a Hugging Face model directory?")
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # zhie reports loading problems itself (check_loading_info)
-    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
-        model, info = AutoModel.from_pretrained(name, output_loading_info=True, weights_only=True)
+        with quiet_transformers():  # zhie reports loading problems itself (check_loading_info)
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model, info = AutoModel.from_pretrained(name, output_loading_info=True, weights_only=True)
     except OSError as err:
         if local:
             raise
@@ -69,11 +67,24 @@ def load_pretrained(name_or_dir: str | os.PathLike):
             f"answer ({err}). Without a network, download the model elsewhere and pass its directory "
             "(e.g. --encoder /models/chinese-roberta-wwm-ext), or use the offline default --encoder e5-small."
         ) from err
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
     check_loading_info(model, info, name)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' load reports and progress bars for the duration (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def check_loading_info(model: nn.Module, info: dict, source: str) -> None:
@@ -91,6 +102,18 @@ def check_loading_info(model: nn.Module, info: dict, source: str) -> None:
     if problems:
         raise WeightsMismatchError(f"{source}: the checkpoint does not match the model; weights "
                                    + "; weights ".join(problems))
+
+
+def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
+    """Keep only the first ``layers`` transformer layers (a weaker, faster encoder); in place."""
+    stack = getattr(getattr(model, "encoder", None), "layer", None)
+    if not isinstance(stack, nn.ModuleList):
+        raise ValueError(f"cannot truncate the layers of a {type(model).__name__}")
+    if not 1 <= layers <= len(stack):
+        raise ValueError(f"layers must be between 1 and {len(stack)}, got {layers}")
+    model.encoder.layer = stack[:layers]
+    model.config.num_hidden_layers = layers
+    return model
 
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

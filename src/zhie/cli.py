@@ -1,0 +1,187 @@
+"""The ``zhie`` command: train, evaluate, predict, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from zhie.data import FORMATS, DataError
+
+
+def _train_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--train", required=True, help="training file")
+    p.add_argument("--dev", required=True, help="development file, evaluated after each epoch")
+    p.add_argument("--encoder", default="e5-small",
+                   help="a local HF model directory, e5-small (offline default), tiny, or a hub name")
+    p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
+    p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: --lr)")
+    p.add_argument("--crf-lr-multiplier", type=float, default=100.0,
+                   help="the CRF transitions learn at head-lr times this")
+    p.add_argument("--max-length", type=int, default=256, help="tokens per window, [CLS] and [SEP] included")
+    p.add_argument("--ema", type=float, default=None, help="EMA decay of the weights used for evaluation")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--warmup", type=float, default=0.1, help="warm-up, as a fraction of all steps")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--patience", type=int, default=None, help="stop after N evaluations without improvement")
+    p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: each epoch)")
+    p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
+    p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
+                   help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
+    p.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _train_config(args):
+    from zhie.training import TrainConfig
+
+    return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+                       head_lr=args.head_lr, crf_lr_multiplier=args.crf_lr_multiplier, ema=args.ema, seed=args.seed,
+                       warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
+                       eval_every=args.eval_every, mixed_precision=args.mixed_precision)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train a model")
+    tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
+    ner = tasks.add_parser("ner", help="named-entity recognition (softmax, crf, gp, egp heads)")
+    _train_flags(ner)
+    ner.add_argument("--format", default="auto", choices=["auto", *FORMATS])
+    ner.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
+    ner.add_argument("--mode", default="char", choices=["char", "subword"],
+                     help="char: one token per character (Chinese); subword: the tokenizer's own tokens")
+    ner.add_argument("--flatten", action="store_true",
+                     help="crf/softmax heads: keep the outermost of nested entities instead of refusing")
+
+    ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
+    ev.add_argument("model", help="model directory (or a run directory with best/)")
+    ev.add_argument("--data", required=True)
+    ev.add_argument("--format", default="auto", choices=["auto", *FORMATS])
+    ev.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    ev.add_argument("--batch-size", type=int, default=32)
+
+    pr = sub.add_parser("predict", help="predict entities; JSON lines out, in input order")
+    pr.add_argument("model", help="model directory (or a run directory with best/)")
+    pr.add_argument("texts", nargs="*", help="texts to process (or use --input)")
+    pr.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
+    pr.add_argument("--batch-size", type=int, default=32)
+
+    demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
+    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--encoder", default="e5-small")
+    demo.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
+    demo.add_argument("--epochs", type=int, default=2)
+    demo.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def read_texts(path: str) -> list[str]:
+    """One text per line, or JSON lines with a "text" field (blank lines skipped)."""
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            if line.lstrip().startswith("{"):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(path, lineno, f"malformed JSON: {err.msg}") from None
+                if not isinstance(record.get("text"), str):
+                    raise DataError(path, lineno, "a JSON line needs a string field 'text'")
+                texts.append(record["text"])
+            else:
+                texts.append(line)
+    return texts
+
+
+def cmd_train(args) -> None:
+    from zhie.tasks.ner import train_ner
+
+    result = train_ner(args.train, args.dev, out=args.out, encoder=args.encoder, head=args.head,
+                       format=args.format, mode=args.mode, max_length=args.max_length, flatten=args.flatten,
+                       keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
+                       config=_train_config(args), resume=not args.no_resume, progress=not args.quiet)
+    best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
+    print(json.dumps(best, ensure_ascii=False))
+
+
+def print_report(metrics: dict) -> None:
+    print(f"{'type':<16}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
+    for label, m in metrics["per_type"].items():
+        print(f"{label:<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
+    m = metrics["micro"]
+    print(f"{'micro':<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{metrics['n_gold']:>10}")
+
+
+def cmd_eval(args) -> None:
+    import zhie
+    from zhie.data import read_ner
+
+    pipe = zhie.load(args.model)
+    metrics = pipe.evaluate(read_ner(args.data, args.format), batch_size=args.batch_size)
+    print_report(metrics)
+    if args.json:
+        Path(args.json).write_text(json.dumps(metrics, ensure_ascii=False, indent=2), encoding="utf-8")
+
+
+def cmd_predict(args) -> None:
+    import zhie
+
+    texts = list(args.texts) + (read_texts(args.input) if args.input else [])
+    if not texts:
+        raise ValueError("nothing to predict: give texts as arguments or --input FILE")
+    pipe = zhie.load(args.model)
+    for text, spans in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
+        print(json.dumps({"text": text, "entities": [s.to_dict() for s in spans]}, ensure_ascii=False))
+
+
+def cmd_demo(args) -> None:
+    import zhie
+    from zhie import demo
+    from zhie.data import read_ner
+    from zhie.tasks.ner import train_ner
+    from zhie.training import TrainConfig
+
+    start = time.time()
+    out = Path(args.out)
+    train_file, dev_file = demo.write_corpus(out / "data")
+    print(f"corpus: {train_file} and {dev_file} (written by zhie.demo, templates and made-up names)")
+    config = TrainConfig(epochs=args.epochs, batch_size=16, lr=5e-5, head_lr=1e-3, seed=42)
+    train_ner(train_file, dev_file, out=out, encoder=args.encoder, head=args.head, config=config,
+              resume=False, progress=not args.quiet)
+    pipe = zhie.load(out / "best")
+    print(f"\ndev set ({dev_file}):")
+    print_report(pipe.evaluate(read_ner(dev_file)))
+    print("\npredictions on new sentences:")
+    for text, spans in zip(demo.SAMPLES, pipe.predict(demo.SAMPLES)):
+        print(json.dumps({"text": text, "entities": [s.to_dict() for s in spans]}, ensure_ascii=False))
+    print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
+        print(f"zhie: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Load a saved model directory and use it: ``zhie.load(DIR).predict(texts)``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from zhie.data import NerExample
+from zhie.spans import Span
+from zhie.tasks.base import read_meta
+
+
+class NerPipeline:
+    """A trained NER model: ``predict(texts)`` returns one list of :class:`Span` per text."""
+
+    def __init__(self, path: str | os.PathLike, device: str | None = None):
+        from zhie.tasks.ner import NerTask
+
+        self.path = Path(path)
+        self.task, self.model = NerTask.load(path)
+        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.labels = self.task.config.labels
+
+    def predict(self, texts: list[str] | str, batch_size: int = 32) -> list[list[Span]]:
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.task.predict(self.model, list(texts), batch_size)
+
+    def evaluate(self, examples: list[NerExample], batch_size: int = 32) -> dict:
+        return self.task.evaluate(self.model, examples, batch_size)
+
+
+PIPELINES = {"ner": NerPipeline}
+
+
+def load(path: str | os.PathLike, device: str | None = None):
+    """The pipeline for the model saved in ``path`` (a directory written by ``zhie train``)."""
+    meta = read_meta(path)
+    if meta.get("task") not in PIPELINES:
+        raise ValueError(f"{path}: unknown task {meta.get('task')!r}")
+    return PIPELINES[meta["task"]](path, device)

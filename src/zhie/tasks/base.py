@@ -1,0 +1,129 @@
+"""What every task shares: model directories on disk, padding, length-sorted prediction batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+import zhie
+from zhie.encoders import WeightsMismatchError, quiet_transformers
+
+META_FILE = "zhie.json"
+HEAD_FILE = "head.safetensors"
+
+
+def save_model_dir(out: str | os.PathLike, model: nn.Module, tokenizer, meta: dict) -> Path:
+    """Write ``model`` (with an ``encoder`` attribute) as an HF-style directory, atomically.
+
+    The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also
+    a plain fine-tuned encoder for transformers), ``head.safetensors`` with every other weight, and
+    ``zhie.json`` (task, labels, head and its hyper-parameters, zhie version).
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        with quiet_transformers():
+            model.encoder.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        head = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+                if not k.startswith("encoder.")}
+        save_file(head, str(tmp / HEAD_FILE), metadata={"format": "pt"})
+        (tmp / META_FILE).write_text(json.dumps({**meta, "zhie_version": zhie.__version__}, ensure_ascii=False,
+                                                indent=2), encoding="utf-8")
+        tmp.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_model_dir(path: str | os.PathLike) -> Path:
+    """A model directory, or a training run directory whose ``best/`` holds one."""
+    path = Path(path)
+    if not (path / META_FILE).exists() and (path / "best" / META_FILE).exists():
+        return path / "best"
+    return path
+
+
+def read_meta(path: str | os.PathLike, task: str | None = None) -> dict:
+    file = resolve_model_dir(path) / META_FILE
+    if not file.exists():
+        raise FileNotFoundError(f"{path}: no {META_FILE}; is this a model directory written by `zhie train`?")
+    meta = json.loads(file.read_text(encoding="utf-8"))
+    if task is not None and meta.get("task") != task:
+        raise ValueError(f"{path} holds a {meta.get('task')!r} model, not {task!r}")
+    return meta
+
+
+def load_head_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    """Load ``head.safetensors`` into the non-encoder part of ``model``; any mismatch is an error."""
+    weights = load_file(str(resolve_model_dir(path) / HEAD_FILE))
+    expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
+    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
+    model.load_state_dict(weights, strict=False)
+
+
+def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
+    """Right-pad integer rows into a ``[len(rows), length]`` long tensor."""
+    length = max((len(r) for r in rows), default=0) if length is None else length
+    out = torch.full((len(rows), length), value, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+    return out
+
+
+def sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Indices grouped into batches of similar length (longest first), for prediction."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    for i in range(0, len(order), batch_size):
+        yield order[i : i + batch_size]
+
+
+# Characters kept when a large multilingual vocabulary is pruned for Chinese char-mode tasks.
+CJK_CHARSET = "".join(map(chr, [*range(0x4E00, 0xA000), *range(0x3400, 0x4DC0), *range(0x21, 0x7F),
+                                 *range(0x3000, 0x3040), *range(0xFF01, 0xFF5F), *range(0x2010, 0x2060)]))
+
+
+def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tokens: str = "auto",
+                    layers: int | None = None, seed: int = 0):
+    """Load an encoder for training: optionally keep only its first ``layers`` layers and prune its vocabulary.
+
+    ``keep_tokens`` (bert4keras's keep_tokens; char mode only): ``"all"`` keeps the vocabulary as it is;
+    ``"cjk"`` keeps the tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character
+    of ``texts``; ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000
+    tokens (e5-small's 250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"``
+    otherwise.
+    """
+    from zhie import encoders
+    from zhie.text import TextTokenizer
+
+    model, tokenizer = encoders.load(name, texts=texts, seed=seed)
+    if layers is not None:
+        encoders.truncate_layers(model, layers)
+    if keep_tokens == "auto":
+        keep_tokens = "cjk" if len(tokenizer) > 50_000 else "all"
+    if keep_tokens not in ("all", "cjk", "data"):
+        raise ValueError(f"unknown keep_tokens {keep_tokens!r}; use auto, all, cjk or data")
+    if keep_tokens == "all" or mode != "char":
+        return model, tokenizer
+    chars = {c for text in texts for c in text} | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())
+    tt = TextTokenizer(tokenizer, "char")
+    return encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
+
+
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device

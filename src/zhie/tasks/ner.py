@@ -1,0 +1,335 @@
+"""Named-entity recognition: label encoding, model, loss, vectorised decoding, metric.
+
+Heads (spec §1, §2, §8):
+
+* ``gp`` / ``egp`` — (Efficient) GlobalPointer: one span-score matrix per entity type, trained with the
+  sparse multilabel categorical cross-entropy on index labels; a span is predicted where its masked logit
+  is > 0 (``nonzero`` on the logits, no loop over cells). Flat and nested data.
+* ``crf`` / ``softmax`` — BIO taggers (O = 0, B-c = 2c+1, I-c = 2c+2) over the content tokens; the CRF
+  decodes with batched Viterbi restricted to valid BIO paths. Flat data only: nested spans are refused,
+  unless ``flatten=True`` keeps the outermost ones.
+
+Token positions: model inputs are ``[CLS] content [SEP]``; content token ``t`` sits at position ``t + 1``.
+Texts longer than ``max_length`` are cut into overlapping windows (training: every window is an example;
+prediction: each entity is reported by the window that owns it, see :func:`zhie.text.owns`).
+
+Entity scores: GP/EGP ``sigmoid(2 * logit)`` (the calibrated probability of the MCE loss, spec §0.2);
+taggers: the mean over the entity's tokens of the softmax probability of their tags (for the CRF, of the
+emission scores).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from zhie import encoders
+from zhie.data import NerExample
+from zhie.heads import CRF, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger, bio_allowed_transitions
+from zhie.losses import global_pointer_loss
+from zhie.metrics import span_prf
+from zhie.spans import Span, tags_to_spans
+from zhie.tasks.base import device_of, load_head_weights, pad, read_meta, save_model_dir, sorted_batches
+from zhie.text import Encoding, TextTokenizer, owns, windows
+
+HEADS = ("softmax", "crf", "gp", "egp")
+Hit = tuple[int, int, int, float]  # first token, last token (inclusive), label index, score
+SPAN_HEADS = ("gp", "egp")
+
+
+@dataclass
+class NerConfig:
+    labels: list[str]
+    head: str = "gp"
+    mode: str = "char"
+    max_length: int = 256
+    stride: int = 32
+    head_size: int = 64
+    dropout: float = 0.1
+
+    def __post_init__(self):
+        if self.head not in HEADS:
+            raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
+        if not self.labels:
+            raise ValueError("no entity types: the training data has no entities")
+
+    @property
+    def tags(self) -> list[str]:
+        """BIO tags of the tagger heads: O = 0, B-c = 2c+1, I-c = 2c+2."""
+        return ["O"] + [f"{p}-{label}" for label in self.labels for p in "BI"]
+
+
+class NerModel(nn.Module):
+    """Encoder + one NER head; ``forward`` returns the head's logits.
+
+    Span heads: ``[batch, types, seq, seq]`` (masked); taggers: ``[batch, seq, tags]`` emissions.
+    """
+
+    def __init__(self, encoder: nn.Module, config: NerConfig):
+        super().__init__()
+        self.encoder = encoder
+        self.config = config
+        hidden = encoder.config.hidden_size
+        if config.head in SPAN_HEADS:
+            cls = GlobalPointer if config.head == "gp" else EfficientGlobalPointer
+            self.head = cls(hidden, len(config.labels), head_size=config.head_size)
+        else:
+            self.head = SoftmaxTagger(hidden, len(config.tags), dropout=config.dropout)
+        self.crf = CRF(len(config.tags)) if config.head == "crf" else None
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        if self.config.head in SPAN_HEADS:
+            return self.head(hidden, attention_mask=content_mask(attention_mask))
+        return self.head(hidden)
+
+
+def content_mask(attention_mask: Tensor) -> Tensor:
+    """The attention mask without ``[CLS]`` (position 0) and ``[SEP]`` (the last real position)."""
+    mask = attention_mask.clone()
+    mask[:, 0] = 0
+    mask[torch.arange(mask.shape[0], device=mask.device), attention_mask.sum(1) - 1] = 0
+    return mask
+
+
+def flatten_outermost(spans: list[Span]) -> list[Span]:
+    """Keep the outermost of nested or overlapping spans (longest first among those starting together)."""
+    kept: list[Span] = []
+    for span in sorted(spans, key=lambda s: (s.start, -s.end)):
+        if not kept or span.start >= kept[-1].end:
+            kept.append(span)
+    return kept
+
+
+def is_nested(spans: list[Span]) -> bool:
+    ordered = sorted(spans, key=lambda s: (s.start, s.end))
+    return any(b.start < a.end for a, b in zip(ordered, ordered[1:]))
+
+
+@dataclass
+class Item:
+    """One training window: model input ids and its gold spans as content-token ranges."""
+
+    ids: list[int]
+    spans: list[tuple[int, int, int]]  # (first token, last token inclusive, label index), content positions
+    tags: list[int] = field(default_factory=list)
+
+
+class NerTask:
+    """Label encoding, batching, loss, decoding and evaluation for one :class:`NerConfig`."""
+
+    name = "ner"
+
+    def __init__(self, config: NerConfig, tokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
+        self.label_index = {label: i for i, label in enumerate(config.labels)}
+        if config.head == "crf":
+            self.allowed = bio_allowed_transitions(config.tags)
+        self.stats = {"spans_dropped": 0, "windows": 0}
+
+    # --------------------------------------------------------------------------------------- encoding
+    def check_flat(self, examples: list[NerExample], flatten: bool, where: str = "the data") -> list[NerExample]:
+        """Taggers need flat spans: refuse nested data (or keep the outermost spans with ``flatten``)."""
+        if self.config.head in SPAN_HEADS:
+            return examples
+        nested = [i for i, ex in enumerate(examples) if is_nested(ex.spans)]
+        if not nested:
+            return examples
+        if not flatten:
+            raise ValueError(
+                f"{where} has nested or overlapping entities in {len(nested)} example(s) (first: #{nested[0] + 1}, "
+                f"{examples[nested[0]].text[:40]!r}); the {self.config.head} head tags each character once and "
+                "cannot represent them. Use --head gp or --head egp, or --flatten to keep the outermost spans.")
+        self.stats["flattened_examples"] = len(nested)
+        return [NerExample(ex.text, flatten_outermost(ex.spans)) if i in set(nested) else ex
+                for i, ex in enumerate(examples)]
+
+    def encode(self, examples: list[NerExample]) -> list[Item]:
+        """Training items: one per window of ``max_length - 2`` content tokens."""
+        size = self.config.max_length - 2
+        stride = min(self.config.stride, size - 1)
+        items = []
+        for ex in examples:
+            enc = self.text_tokenizer(ex.text)
+            token_spans = []
+            for span in ex.spans:
+                tokens = enc.char_span_to_tokens(span.start, span.end)
+                if tokens is None or span.label not in self.label_index:
+                    self.stats["spans_dropped"] += 1
+                    continue
+                token_spans.append((tokens[0], tokens[1] - 1, self.label_index[span.label]))
+            cuts = list(windows(len(enc), size, stride)) if len(enc) else []
+            self.stats["spans_dropped"] += sum(not any(a <= s and e < b for a, b in cuts) for s, e, _ in token_spans)
+            for a, b in cuts:
+                inside = [(s - a, e - a, k) for s, e, k in token_spans if a <= s and e < b]
+                items.append(Item(enc.ids[a:b], inside, self._tags(inside, b - a)))
+        self.stats["windows"] += len(items)
+        return items
+
+    def _tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
+        if self.config.head in SPAN_HEADS:
+            return []
+        tags = [0] * n
+        for s, e, k in spans:
+            tags[s] = 2 * k + 1
+            for t in range(s + 1, e + 1):
+                tags[t] = 2 * k + 2
+        return tags
+
+    def collate(self, items: list[Item]) -> dict[str, Tensor]:
+        batch = self.collate_inputs(items)
+        n = batch["input_ids"].shape[1]
+        if self.config.head in SPAN_HEADS:
+            # sparse labels [b, types, P]: cell (s+1) * n + (e+1) of each gold span, padded with 0
+            per_type = [[[] for _ in self.config.labels] for _ in items]
+            for i, it in enumerate(items):
+                for s, e, k in it.spans:
+                    per_type[i][k].append((s + 1) * n + e + 1)
+            width = max([1] + [len(cells) for row in per_type for cells in row])
+            labels = torch.zeros(len(items), len(self.config.labels), width, dtype=torch.long)
+            for i, row in enumerate(per_type):
+                for k, cells in enumerate(row):
+                    labels[i, k, : len(cells)] = torch.tensor(cells, dtype=torch.long)
+            batch["labels"] = labels
+        else:
+            batch["labels"] = pad([[-100, *it.tags, -100] for it in items], -100, n)
+        return batch
+
+    # --------------------------------------------------------------------------------------- training
+    def loss(self, model: NerModel, batch: dict[str, Tensor]) -> Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        labels = batch["labels"]
+        if self.config.head in SPAN_HEADS:
+            return global_pointer_loss(logits, labels, mask_zero=True, reduction="mean")
+        if self.config.head == "softmax":
+            return F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100)
+        tags, mask = labels[:, 1:], labels[:, 1:] != -100  # content tokens start at position 1
+        return -model.crf.log_likelihood(logits[:, 1:], tags.clamp(min=0), mask).mean()
+
+    # --------------------------------------------------------------------------------------- decoding
+    @torch.no_grad()
+    def decode(self, model: NerModel, logits: Tensor, attention_mask: Tensor) -> list[list[Hit]]:
+        """Logits -> per row ``(first, last_inclusive, label index, score)`` over content token positions."""
+        rows: list[list[Hit]] = [[] for _ in range(logits.shape[0])]
+        if self.config.head in SPAN_HEADS:
+            hits = (logits > 0).nonzero().tolist()
+            scores = torch.sigmoid(2 * logits.float()[logits > 0]).tolist()
+            for (b, k, i, j), score in zip(hits, scores):
+                rows[b].append((i - 1, j - 1, k, score))
+            return rows
+        lengths = (attention_mask.sum(1) - 2).tolist()
+        emissions = logits[:, 1:].float()
+        mask = torch.arange(emissions.shape[1], device=logits.device)[None, :] < torch.tensor(
+            lengths, device=logits.device)[:, None]
+        if model.crf is not None:
+            allowed, start, end = (t.to(logits.device) for t in self.allowed)
+            paths, _ = model.crf.viterbi(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
+        else:
+            paths = emissions.argmax(-1)
+        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        tags = self.config.tags
+        for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):
+            for s, e, label in tags_to_spans([tags[t] for t in path[:length]], "BIO"):
+                rows[b].append((s, e - 1, self.label_index[label], probs[b, s:e].mean().item()))
+        return rows
+
+    @torch.no_grad()
+    def predict(self, model: NerModel, texts: list[str], batch_size: int = 32,
+                timings: dict | None = None) -> list[list[Span]]:
+        """Entities of each text, in input order; long texts go through overlapping windows."""
+        model.eval()
+        device = device_of(model)
+        size = self.config.max_length - 2
+        stride = min(self.config.stride, size - 1)
+        encodings: list[Encoding] = [self.text_tokenizer(t) for t in texts]
+        jobs = [(i, w) for i, enc in enumerate(encodings) if len(enc) for w in windows(len(enc), size, stride)]
+        found: list[dict[tuple[int, int, str], float]] = [{} for _ in texts]
+        for batch_jobs in sorted_batches([b - a for _, (a, b) in jobs], batch_size):
+            items = [Item(encodings[jobs[j][0]].ids[slice(*jobs[j][1])], []) for j in batch_jobs]
+            batch = self.collate_inputs(items)
+            t0 = time.perf_counter()
+            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+            t1 = time.perf_counter()
+            rows = self.decode(model, logits, batch["attention_mask"].to(device))
+            if timings is not None:
+                timings["model_s"] = timings.get("model_s", 0.0) + t1 - t0
+                timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
+            for j, row in zip(batch_jobs, rows):
+                i, (a, b) = jobs[j]
+                enc = encodings[i]
+                for s, e, k, score in row:
+                    if s < 0 or e >= b - a or not owns((a, b), a + s, len(enc), stride):
+                        continue
+                    start, end = enc.token_span_to_chars(a + s, a + e + 1)
+                    key = (start, end, self.config.labels[k])
+                    found[i][key] = max(score, found[i].get(key, 0.0))
+        return [sorted(Span(s, e, label, text[s:e], score) for (s, e, label), score in spans.items())
+                for text, spans in zip(texts, found)]
+
+    def collate_inputs(self, items: list[Item]) -> dict[str, Tensor]:
+        tt = self.text_tokenizer
+        return {"input_ids": pad([tt.model_input(it.ids) for it in items], tt.pad_id),
+                "attention_mask": pad([[1] * (len(it.ids) + 2) for it in items], 0)}
+
+    def evaluate(self, model: NerModel, examples: list[NerExample], batch_size: int = 32) -> dict:
+        pred = self.predict(model, [ex.text for ex in examples], batch_size)
+        return span_prf([ex.spans for ex in examples], pred)
+
+    # --------------------------------------------------------------------------------------- saving
+    def save(self, model: NerModel, out: Path) -> Path:
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
+
+    @classmethod
+    def load(cls, path: str | Path) -> tuple[NerTask, NerModel]:
+        meta = read_meta(path, cls.name)
+        config = NerConfig(**{k: v for k, v in meta.items() if k in NerConfig.__dataclass_fields__})
+        encoder, tokenizer = encoders.load_pretrained(path)
+        model = NerModel(encoder, config)
+        load_head_weights(model, path)
+        model.eval()
+        return cls(config, tokenizer), model
+
+
+def train_ner(train_path, dev_path, *, out, encoder: str = "e5-small", head: str = "gp", format: str = "auto",
+              mode: str = "char", max_length: int = 256, flatten: bool = False, keep_tokens: str = "auto",
+              encoder_layers: int | None = None, config=None, resume: bool = True, progress: bool = True) -> dict:
+    """Train an NER model on ``train_path``, keep the best on ``dev_path`` in ``out/best``; returns the summary."""
+    import json
+
+    from zhie.data import read_ner
+    from zhie.tasks.base import prepare_encoder
+    from zhie.training import TrainConfig, train
+
+    config = config or TrainConfig()
+    out = Path(out)
+    train_examples, dev_examples = read_ner(train_path, format), read_ner(dev_path, format)
+    labels = sorted({s.label for ex in train_examples for s in ex.spans})
+    ner_config = NerConfig(labels, head=head, mode=mode, max_length=max_length)
+    enc, tokenizer = prepare_encoder(encoder, texts=[ex.text for ex in train_examples + dev_examples], mode=mode,
+                                     keep_tokens=keep_tokens, layers=encoder_layers, seed=config.seed)
+    task = NerTask(ner_config, tokenizer)
+    train_examples = task.check_flat(train_examples, flatten, str(train_path))
+    items = task.encode(train_examples)
+    model = NerModel(enc, ner_config)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"train": str(train_path), "dev": str(dev_path), "examples": len(train_examples), **task.stats,
+               "labels": labels, "encoder": encoder, "vocab": len(tokenizer),
+               "encoder_layers": enc.config.num_hidden_layers, "head": head}
+    (out / "data_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2), encoding="utf-8")
+    if progress:
+        print(json.dumps(summary, ensure_ascii=False))
+
+    def evaluate(m: NerModel) -> dict:
+        metrics = task.evaluate(m, dev_examples)
+        return {**metrics["micro"], "n_pred": metrics["n_pred"]}
+
+    return train(model, items, collate=task.collate, loss_fn=task.loss, config=config, out_dir=out,
+                 evaluate=evaluate, metric="f1", save_best=task.save, lengths=[len(it.ids) for it in items],
+                 resume=resume, progress=progress)

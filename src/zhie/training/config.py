@@ -1,0 +1,65 @@
+"""Hyper-parameters of the training loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TrainConfig"]
+
+_MIXED_PRECISION = ("no", "fp16", "bf16")
+
+
+@dataclass
+class TrainConfig:
+    """Everything :func:`zhie.training.train` needs besides the model and the data.
+
+    Steps are optimizer steps (one step = ``grad_accum`` batches).
+    """
+
+    epochs: int = 3
+    max_steps: int | None = None      # stop after this many optimizer steps (overrides epochs when reached)
+    batch_size: int = 32
+    lr: float = 2e-5                  # encoder learning rate
+    head_lr: float | None = None      # learning rate of everything that is not the encoder; None -> lr
+    crf_lr_multiplier: float = 100.0  # CRF transition parameters get head_lr * multiplier
+    weight_decay: float = 0.01        # not applied to biases and LayerNorm/norm weights
+    warmup: float = 0.1               # fraction of total optimizer steps, linear warm-up then linear decay to 0
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    ema: float | None = None          # EMA decay of weights (e.g. 0.999); evaluation and the best model use EMA
+    seed: int = 42
+    patience: int | None = None       # early stopping: stop after this many evaluations without improvement
+    eval_every: int | None = None     # evaluate every N optimizer steps; None -> after each epoch
+    save_every: int | None = None     # resumable checkpoint every N optimizer steps (and always at each epoch end)
+    mixed_precision: str = "no"       # passed to accelerate ("no", "fp16", "bf16")
+
+    def __post_init__(self) -> None:
+        def positive(name: str, allow_none: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and allow_none:
+                return
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
+
+        positive("epochs")
+        positive("batch_size")
+        positive("grad_accum")
+        for name in ("max_steps", "patience", "eval_every", "save_every"):
+            positive(name, allow_none=True)
+        if self.lr < 0 or (self.head_lr is not None and self.head_lr < 0):
+            raise ValueError(f"learning rates must be >= 0, got lr={self.lr}, head_lr={self.head_lr}")
+        if self.crf_lr_multiplier <= 0:
+            raise ValueError(f"TrainConfig.crf_lr_multiplier must be > 0, got {self.crf_lr_multiplier}")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0.0 <= self.warmup <= 1.0:
+            raise ValueError(f"TrainConfig.warmup is a fraction of the total steps in [0, 1], got {self.warmup}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"TrainConfig.max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.ema is not None and not 0.0 < self.ema < 1.0:
+            raise ValueError(f"TrainConfig.ema is a decay in (0, 1) such as 0.999, or None; got {self.ema}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"TrainConfig.seed must be a non-negative integer, got {self.seed!r}")
+        if self.mixed_precision not in _MIXED_PRECISION:
+            raise ValueError(f"TrainConfig.mixed_precision must be one of {_MIXED_PRECISION}, "
+                             f"got {self.mixed_precision!r}")

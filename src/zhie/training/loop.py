@@ -1,0 +1,339 @@
+"""The training loop shared by every task (NER, word segmentation, relation extraction, sentence embeddings).
+
+Tasks own their model, data and loss; the loop only sees opaque encoded items, a ``collate`` that turns a list
+of them into a dict of tensors, and ``loss_fn(model, batch) -> scalar``. It adds: parameter groups with their
+own learning rates, AdamW with linear warm-up/decay, gradient accumulation and clipping, length-grouped
+batches, EMA weights, evaluation with best-model saving and early stopping, metric logging and a plot, and
+checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks, same
+weights). Device placement, mixed precision and DDP come from :mod:`accelerate`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .batching import epoch_batches
+from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
+from .config import TrainConfig
+from .ema import EMA
+from .optim import build_param_groups, build_scheduler
+from .report import append_jsonl, jsonable, plot_history, write_jsonl
+
+__all__ = ["train"]
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+PLOT = "training.png"
+BEST = "best"
+_CHECKPOINT_FORMAT = 1
+# Config fields that may change between an interrupted run and its resumption (they do not change what is
+# computed).
+_RESUMABLE_CHANGES = {"save_every"}
+
+
+@dataclass
+class _Progress:
+    """Where training stands; saved in the checkpoint as plain python."""
+
+    epoch: int = 0                 # epochs completed
+    batch: int = 0                 # batches of the current epoch done (always a multiple of grad_accum)
+    step: int = 0                  # optimizer steps done
+    best_score: float | None = None
+    best_metrics: dict = field(default_factory=dict)
+    best_step: int | None = None
+    bad_evals: int = 0             # evaluations since the last improvement
+    history: list[dict] = field(default_factory=list)
+    loss_sum: float = 0.0          # sum of batch losses since the last evaluation
+    loss_count: int = 0
+    elapsed_s: float = 0.0         # wall time of the sessions before this one
+    finished: bool = False
+
+
+class _Window:
+    """Training loss and throughput since the last evaluation (kept on the device: no sync per batch)."""
+
+    def __init__(self, device: torch.device, loss_sum: float = 0.0, loss_count: int = 0) -> None:
+        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
+        self.loss_count = loss_count
+        self.tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.count_tokens = True
+        self.seconds = 0.0
+
+    def add(self, loss: Tensor, batch: dict) -> None:
+        self.loss_sum += loss.detach().double()
+        self.loss_count += 1
+        mask = batch.get("attention_mask")
+        if isinstance(mask, Tensor):
+            self.tokens += mask.sum()
+        else:
+            self.count_tokens = False
+
+    def reset(self) -> None:
+        self.loss_sum.zero_()
+        self.loss_count = 0
+        self.tokens.zero_()
+        self.count_tokens = True
+        self.seconds = 0.0
+
+    def mean_loss(self) -> float:
+        return self.loss_sum.item() / max(self.loss_count, 1)
+
+    def tokens_per_s(self, tokens: Tensor | None = None) -> float | None:
+        if not self.count_tokens or self.seconds <= 0:
+            return None
+        return (self.tokens if tokens is None else tokens).item() / self.seconds
+
+
+def train(
+    model: nn.Module,
+    train_items: Sequence,
+    *,
+    collate: Callable[[list], dict[str, Tensor]],
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
+    config: TrainConfig,
+    out_dir: Path,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    metric: str = "f1",
+    save_best: Callable[[nn.Module, Path], None] | None = None,
+    lengths: Sequence[int] | None = None,
+    param_groups: list[dict] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Train ``model`` on ``train_items``; returns ``{"best", "best_step", "steps", "history"}``.
+
+    Args:
+        model: the task's module; trained in place. After training it holds the last training weights (not
+            the EMA average; the best model saved through ``save_best`` has those).
+        train_items: already-encoded examples, opaque to the loop.
+        collate: list of items -> dict of tensors (padded by the task). If it has ``"attention_mask"``,
+            tokens/s is logged (tokens = ``attention_mask.sum()``).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device. In multi-process
+            (DDP) runs ``model`` is the DDP wrapper: call it, do not reach into its attributes.
+        config: :class:`TrainConfig`.
+        out_dir: receives ``checkpoint.pt``, ``metrics.jsonl``, ``training.png`` and ``best/``.
+        evaluate: ``evaluate(model) -> metrics``, called in eval mode under ``torch.no_grad()`` with the EMA
+            weights in place (if ``config.ema``); on every process. ``None``: no evaluation; ``save_best`` is
+            then called once, at the end, with the final (EMA) weights.
+        metric: the key of the metrics to maximise (best model and early stopping).
+        save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is
+            empty). It is given a temporary directory that then replaces ``out_dir/best``.
+        lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
+        param_groups: AdamW parameter groups; default :func:`build_param_groups`.
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
+        progress: show a tqdm bar (main process only).
+    """
+    out_dir = Path(out_dir)
+    n_items = len(train_items)
+    if lengths is not None and len(lengths) != n_items:
+        raise ValueError(f"lengths has {len(lengths)} entries for {n_items} training items")
+
+    accelerator = Accelerator(mixed_precision=config.mixed_precision, step_scheduler_with_optimizer=False)
+    is_main = accelerator.is_main_process
+    world, rank = accelerator.num_processes, accelerator.process_index
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        recover_dir(out_dir / BEST)
+    ckpt_path, metrics_path, plot_path = out_dir / CHECKPOINT, out_dir / METRICS, out_dir / PLOT
+
+    # Each process takes every world-th batch; batches that do not fill a round of all processes are dropped.
+    batches_per_epoch = math.ceil(n_items / config.batch_size) // world
+    if batches_per_epoch == 0:
+        raise ValueError(f"{n_items} training items make no batch for {world} process(es) "
+                         f"(batch_size={config.batch_size})")
+    steps_per_epoch = math.ceil(batches_per_epoch / config.grad_accum)
+    total_steps = steps_per_epoch * config.epochs
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+
+    groups = build_param_groups(model, config) if param_groups is None else _named_groups(param_groups)
+    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = build_scheduler(optimizer, total_steps, config.warmup)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    raw = accelerator.unwrap_model(model)
+    ema = EMA(raw, config.ema) if config.ema is not None else None
+    meta = {"format": _CHECKPOINT_FORMAT, "config": asdict(config), "n_items": n_items,
+            "grouped_by_length": lengths is not None, "num_processes": world}
+
+    p = _Progress()
+    if resume and ckpt_path.exists():
+        state = load_checkpoint(ckpt_path)
+        _check_resumable(state["meta"], meta, ckpt_path)
+        raw.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        if ema is not None:
+            ema.load_state_dict(state["ema"])
+        if accelerator.scaler is not None and state["scaler"] is not None:
+            accelerator.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        p = _Progress(**state["progress"])
+        if is_main:  # drop evaluations logged after the checkpoint: they are about to be redone
+            write_jsonl(metrics_path, p.history)
+    else:
+        set_seed(config.seed)
+        if is_main:
+            ckpt_path.unlink(missing_ok=True)
+            metrics_path.unlink(missing_ok=True)
+
+    window = _Window(accelerator.device, p.loss_sum, p.loss_count)
+    session_start = time.perf_counter()
+
+    def elapsed() -> float:
+        return p.elapsed_s + time.perf_counter() - session_start
+
+    def ema_weights():
+        return ema.applied(raw) if ema is not None else nullcontext()
+
+    def write_best() -> None:
+        if is_main and save_best is not None:
+            replace_dir(out_dir / BEST, lambda directory: save_best(raw, directory))
+
+    def evaluate_and_log(epoch_position: float) -> bool:
+        """Evaluate, keep the best model, log; True when early stopping says stop."""
+        record = {
+            "epoch": round(epoch_position, 4),
+            "step": p.step,
+            "train_loss": accelerator.reduce(window.loss_sum / max(window.loss_count, 1), "mean").item(),
+            "lr": {g["name"]: g["lr"] for g in optimizer.param_groups},
+            "tokens_per_s": window.tokens_per_s(accelerator.reduce(window.tokens.clone(), "sum")),
+            "elapsed_s": round(elapsed(), 3),
+            "dev": {},
+        }
+        if evaluate is not None:
+            with ema_weights():
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        metrics = jsonable(evaluate(raw))
+                finally:
+                    model.train()
+                if not isinstance(metrics, dict) or not isinstance(metrics.get(metric), (int, float)):
+                    raise ValueError(f"evaluate() must return a dict with a number under metric={metric!r}, "
+                                     f"got {metrics!r}")
+                score = float(metrics[metric])
+                record["dev"] = metrics
+                if not math.isnan(score) and (p.best_score is None or score > p.best_score):
+                    p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
+                    write_best()
+                else:
+                    p.bad_evals += 1
+        p.history.append(record)
+        window.reset()
+        if is_main:
+            append_jsonl(metrics_path, record)
+            plot_history(p.history, plot_path, metric)
+        return config.patience is not None and p.bad_evals >= config.patience
+
+    def save_checkpoint() -> None:
+        if not is_main:
+            return
+        progress_state = asdict(p) | {"loss_sum": window.loss_sum.item(), "loss_count": window.loss_count,
+                                      "elapsed_s": elapsed()}
+        atomic_torch_save({
+            "meta": meta,
+            "model": raw.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "ema": ema.state_dict() if ema is not None else None,
+            "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
+            "rng": rng_state(),
+            "progress": progress_state,
+        }, ckpt_path)
+
+    bar = tqdm(total=total_steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
+               disable=not (progress and is_main))
+    model.train()
+    try:
+        while not p.finished:
+            # The epoch's batches are a pure function of (seed, epoch): a resumed run skips those done.
+            batches = epoch_batches(n_items, config.batch_size, seed=config.seed, epoch=p.epoch, lengths=lengths)
+            batches = batches[:batches_per_epoch * world][rank::world]
+            epoch_end = False
+            while not (epoch_end or p.finished):
+                step_start = time.perf_counter()
+                group = batches[p.batch:p.batch + config.grad_accum]  # the batches of one optimizer step
+                for i, indices in enumerate(group):
+                    batch = _to_device(collate([train_items[j] for j in indices]), accelerator.device)
+                    last_in_group = i == len(group) - 1
+                    with nullcontext() if last_in_group else accelerator.no_sync(model):
+                        loss = loss_fn(model, batch)
+                        if not isinstance(loss, Tensor) or loss.dim() != 0:
+                            raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
+                        accelerator.backward(loss / len(group))
+                    window.add(loss, batch)
+                if config.max_grad_norm is not None:
+                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                if ema is not None:
+                    ema.update(raw)
+                p.step += 1
+                p.batch += len(group)
+                window.seconds += time.perf_counter() - step_start
+
+                if not bar.disable:
+                    tokens_per_s = window.tokens_per_s()
+                    bar.set_postfix(loss=f"{window.mean_loss():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
+                                    **({"tok/s": f"{tokens_per_s:.0f}"} if tokens_per_s is not None else {}),
+                                    refresh=False)
+                    bar.update()
+
+                epoch_end = p.batch == batches_per_epoch
+                last_step = p.step >= total_steps
+                if (last_step or (config.eval_every is None and epoch_end)
+                        or (config.eval_every is not None and p.step % config.eval_every == 0)):
+                    early_stop = evaluate_and_log(p.epoch + p.batch / batches_per_epoch)
+                    last_step = last_step or early_stop
+                p.finished = last_step
+                if epoch_end:
+                    p.epoch, p.batch = p.epoch + 1, 0
+                if p.finished and evaluate is None:  # no evaluation: the final (EMA) model is the one to keep
+                    with ema_weights():
+                        write_best()
+                    p.best_step = p.step
+                if p.finished or epoch_end or (config.save_every is not None and p.step % config.save_every == 0):
+                    save_checkpoint()
+    finally:
+        bar.close()
+        accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # undo accelerate's autocast forward wrapper
+
+    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "history": p.history}
+
+
+def _named_groups(param_groups: list[dict]) -> list[dict]:
+    """Copies of user-given groups, each with a "name" for logging."""
+    return [{"name": f"group{i}", **group} for i, group in enumerate(param_groups)]
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    if not isinstance(batch, dict):
+        raise TypeError(f"collate must return a dict of tensors, got {type(batch).__name__}")
+    return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def _check_resumable(saved: dict, current: dict, path: Path) -> None:
+    """Refuse to resume a checkpoint written by a run that would compute something else."""
+    if saved.get("format") != current["format"]:
+        raise ValueError(f"{path} has checkpoint format {saved.get('format')!r}, this version writes "
+                         f"{current['format']}; pass resume=False to start over")
+    changes = [f"config.{key}: {saved['config'].get(key)!r} -> {value!r}"
+               for key, value in current["config"].items()
+               if key not in _RESUMABLE_CHANGES and saved["config"].get(key) != value]
+    changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
+                if key not in ("config", "format") and saved.get(key) != value]
+    if changes:
+        raise ValueError(f"{path} was written by a different run ({'; '.join(changes)}); resume with the same "
+                         "settings and data, or pass resume=False (or another out_dir) to start over")

@@ -1,0 +1,59 @@
+"""metrics.jsonl and training.png in the output directory."""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+
+from .checkpoint import atomic_write, atomic_write_text
+
+__all__ = ["append_jsonl", "jsonable", "plot_history", "write_jsonl"]
+
+
+def jsonable(value: object) -> object:
+    """Metrics as JSON: numbers (python, numpy, 0-d tensors) -> float/int, dicts and lists recursively."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if hasattr(value, "item"):  # numpy scalars, 0-d tensors
+        return jsonable(value.item())
+    return float(value)
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+def plot_history(history: list[dict], path: Path, metric: str) -> None:
+    """Training loss and dev ``metric`` per evaluation against the optimizer step, written atomically as PNG.
+
+    Uses :class:`matplotlib.figure.Figure` directly (Agg canvas, no pyplot, no global backend switch).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    steps = [h["step"] for h in history]
+    dev = [(h["step"], h["dev"][metric]) for h in history if isinstance(h.get("dev", {}).get(metric), float)]
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    loss_ax, dev_ax = fig.subplots(1, 2)
+    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o")
+    loss_ax.set(title="training loss", xlabel="step", ylabel="loss")
+    if dev:
+        dev_ax.plot(*zip(*dev), marker="o", color="tab:green")
+    dev_ax.set(title=f"dev {metric}", xlabel="step", ylabel=metric)
+    for ax in (loss_ax, dev_ax):
+        ax.grid(alpha=0.3)
+
+    atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=100))
