@@ -34,7 +34,15 @@ from zhie.heads import CRF, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span, tags_to_spans
-from zhie.tasks.base import device_of, load_head_weights, pad, read_meta, save_model_dir, sorted_batches
+from zhie.tasks.base import (
+    device_of,
+    load_head_weights,
+    pad,
+    read_meta,
+    resolve_model_dir,
+    save_model_dir,
+    sorted_batches,
+)
 from zhie.text import Encoding, TextTokenizer, owns, windows
 
 HEADS = ("softmax", "crf", "gp", "egp")
@@ -288,6 +296,7 @@ class NerTask:
 
     @classmethod
     def load(cls, path: str | Path) -> tuple[NerTask, NerModel]:
+        path = resolve_model_dir(path)
         meta = read_meta(path, cls.name)
         config = NerConfig(**{k: v for k, v in meta.items() if k in NerConfig.__dataclass_fields__})
         encoder, tokenizer = encoders.load_pretrained(path)
