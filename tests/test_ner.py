@@ -72,7 +72,7 @@ def test_crf_transitions_get_their_own_learning_rate():
     model = NerModel(encoder, NerConfig(["LOC"], head="crf"))
     config = TrainConfig(lr=1e-5, head_lr=1e-3, crf_lr_multiplier=100)
     groups = {g["name"]: g for g in build_param_groups(model, config)}
-    assert groups["crf"]["lr"] == pytest.approx(0.1)
+    assert groups["crf"]["lr"] == pytest.approx(1e-3)  # 100 x the encoder's learning rate
     assert {id(p) for p in groups["crf"]["params"]} == {id(p) for p in model.crf.transition_parameters()}
     assert groups["encoder"]["lr"] == 1e-5 and groups["head"]["lr"] == 1e-3
 

@@ -127,7 +127,7 @@ def test_param_groups_learning_rates_and_weight_decay():
         "crf": {"head.transitions"},
     }
     assert {n: g["lr"] for n, g in groups.items()} == pytest.approx(
-        {"encoder": 1e-4, "encoder_no_decay": 1e-4, "head": 1e-3, "head_no_decay": 1e-3, "crf": 1e-1})
+        {"encoder": 1e-4, "encoder_no_decay": 1e-4, "head": 1e-3, "head_no_decay": 1e-3, "crf": 1e-2})
     assert {n: g["weight_decay"] for n, g in groups.items()} == {
         "encoder": 0.01, "encoder_no_decay": 0.0, "head": 0.01, "head_no_decay": 0.0, "crf": 0.0}
 

@@ -23,7 +23,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
     p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: --lr)")
     p.add_argument("--crf-lr-multiplier", type=float, default=100.0,
-                   help="the CRF transitions learn at head-lr times this")
+                   help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per window, [CLS] and [SEP] included")
     p.add_argument("--ema", type=float, default=None, help="EMA decay of the weights used for evaluation")
     p.add_argument("--seed", type=int, default=42)

@@ -21,7 +21,7 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 2e-5                  # encoder learning rate
     head_lr: float | None = None      # learning rate of everything that is not the encoder; None -> lr
-    crf_lr_multiplier: float = 100.0  # CRF transition parameters get head_lr * multiplier
+    crf_lr_multiplier: float = 100.0  # CRF transition parameters get lr * multiplier
     weight_decay: float = 0.01        # not applied to biases and LayerNorm/norm weights
     warmup: float = 0.1               # fraction of total optimizer steps, linear warm-up then linear decay to 0
     grad_accum: int = 1

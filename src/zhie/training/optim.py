@@ -30,8 +30,9 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     * ``encoder`` / ``encoder_no_decay``: parameters of ``model.encoder`` (if the model has one), lr ``config.lr``;
     * ``head`` / ``head_no_decay``: everything else, lr ``config.head_lr`` (``None`` -> ``config.lr``);
     * ``crf``: the tensors returned by ``transition_parameters()`` of any submodule that has that method,
-      lr ``head_lr * crf_lr_multiplier`` and no weight decay (spec §8.1: with Adam a separate group with
-      lr x m equals bert4keras's re-parametrisation).
+      lr ``lr * crf_lr_multiplier`` (a multiple of the *encoder* learning rate, as in bert4keras where the
+      multiplier scales the one global rate; spec §8: >= 100x the body lr) and no weight decay (with Adam a
+      separate group with lr x m equals bert4keras's re-parametrisation).
 
     ``*_no_decay`` groups hold biases and norm weights (names containing one of :data:`NO_DECAY`, or parameters
     of a module whose class name contains "Norm") and get weight decay 0. Frozen parameters
@@ -52,7 +53,7 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
         "encoder_no_decay": (config.lr, 0.0),
         "head": (head_lr, config.weight_decay),
         "head_no_decay": (head_lr, 0.0),
-        "crf": (head_lr * config.crf_lr_multiplier, 0.0),
+        "crf": (config.lr * config.crf_lr_multiplier, 0.0),
     }
     no_decay = _no_decay_ids(model)
     params: dict[str, list[nn.Parameter]] = {name: [] for name in settings}

@@ -1,0 +1,157 @@
+"""NER benchmark: train one head on one dataset, then measure dev F1, speed, memory and decoding share.
+
+    python benchmarks/ner.py --dataset cluener --head egp --epochs 1 --out runs/bench
+    python benchmarks/ner.py --dataset cluener --compare-hf --model runs/bench/cluener-egp
+
+Each run appends one JSON line to ``benchmarks/results/ner.jsonl`` (the tables of RESULTS.md are made from it).
+Datasets are read from ../shared/data; People's Daily is split here into a fixed 80% / 20% of ``example.dev``
+(shuffled with seed 0). CRF/softmax runs flatten nested spans to the outermost (CMeEE; one CLUENER record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import resource
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+import zhie
+from zhie.data import read_ner, write_ner_jsonl
+from zhie.tasks.ner import train_ner
+from zhie.training import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "ner"
+RESULTS = ROOT / "benchmarks" / "results" / "ner.jsonl"
+
+
+def dataset_files(name: str, out: Path) -> tuple[Path, Path]:
+    if name == "cluener":
+        return DATA / "cluener/train.json", DATA / "cluener/dev.json"
+    if name == "cmeee":
+        return DATA / "cmeee/train.json", DATA / "cmeee/dev.json"
+    if name == "peoples_daily":
+        examples = read_ner(DATA / "peoples_daily/example.dev", "conll")
+        order = list(range(len(examples)))
+        random.Random(0).shuffle(order)
+        cut = int(0.8 * len(examples))
+        out.mkdir(parents=True, exist_ok=True)
+        train, dev = out / "pd_train.jsonl", out / "pd_test.jsonl"
+        write_ner_jsonl([examples[i] for i in order[:cut]], train)
+        write_ner_jsonl([examples[i] for i in order[cut:]], dev)
+        return train, dev
+    raise SystemExit(f"unknown dataset {name}")
+
+
+def peak_memory_mb() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def prediction_speed(model_dir: Path, texts: list[str], batch_size: int) -> dict:
+    pipe = zhie.load(model_dir)
+    pipe.predict(texts[:batch_size], batch_size=batch_size)  # warm-up
+    timings: dict = {}
+    start = time.perf_counter()
+    pipe.task.predict(pipe.model, texts, batch_size, timings=timings)
+    total = time.perf_counter() - start
+    return {"predict_sent_per_s": len(texts) / total, "decode_share": timings["decode_s"] / total,
+            "model_share": timings["model_s"] / total}
+
+
+def run(args) -> dict:
+    out = Path(args.out) / f"{args.dataset}-{args.head}"
+    train_file, dev_file = dataset_files(args.dataset, Path(args.out))
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
+                         crf_lr_multiplier=args.crf_lr_multiplier, seed=args.seed, max_steps=args.max_steps)
+    start = time.time()
+    result = train_ner(train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
+                       max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
+                       encoder_layers=args.encoder_layers, config=config, resume=True, progress=not args.quiet)
+    train_s = time.time() - start
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    dev_texts = [ex.text for ex in read_ner(dev_file)]
+    row = {
+        "dataset": args.dataset, "head": args.head, "encoder": args.encoder,
+        "encoder_layers": args.encoder_layers or "all", "epochs": args.epochs, "max_length": args.max_length,
+        "batch_size": args.batch_size, "lr": args.lr, "head_lr": args.head_lr,
+        "crf_lr_multiplier": args.crf_lr_multiplier if args.head == "crf" else None,
+        "dev_f1": result["best"].get("f1"), "dev_precision": result["best"].get("precision"),
+        "dev_recall": result["best"].get("recall"), "f1_per_epoch": [h["dev"].get("f1") for h in history],
+        "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history), "train_s": round(train_s),
+        **prediction_speed(out, dev_texts, args.eval_batch_size),
+        "peak_memory_mb": peak_memory_mb(), "machine": machine(), "date": date.today().isoformat(),
+        "command": "python " + " ".join(sys.argv),
+    }
+    return row
+
+
+def compare_hf(args) -> dict:
+    """zhie's prediction throughput against HF pipeline("token-classification") on the same encoder."""
+    from transformers import AutoModelForTokenClassification, pipeline
+
+    model_dir = Path(args.model)
+    pipe = zhie.load(model_dir)
+    texts = [ex.text for ex in read_ner(dataset_files(args.dataset, Path(args.out))[1])][: args.n]
+    hf_model = AutoModelForTokenClassification.from_pretrained(model_dir / "best" if (model_dir / "best").exists()
+                                                               else model_dir, num_labels=2 * len(pipe.labels) + 1)
+    hf = pipeline("token-classification", model=hf_model, tokenizer=pipe.task.tokenizer, device=-1,
+                  aggregation_strategy="simple")
+    hf(texts[:8], batch_size=args.eval_batch_size)
+    start = time.perf_counter()
+    hf(texts, batch_size=args.eval_batch_size)
+    hf_rate = len(texts) / (time.perf_counter() - start)
+    pipe.predict(texts[:8], batch_size=args.eval_batch_size)
+    start = time.perf_counter()
+    pipe.predict(texts, batch_size=args.eval_batch_size)
+    zhie_rate = len(texts) / (time.perf_counter() - start)
+    return {"dataset": args.dataset, "compare": "hf_pipeline", "model": str(model_dir), "texts": len(texts),
+            "zhie_sent_per_s": zhie_rate, "hf_pipeline_sent_per_s": hf_rate, "speedup": zhie_rate / hf_rate,
+            "batch_size": args.eval_batch_size, "machine": machine(), "date": date.today().isoformat(),
+            "command": "python " + " ".join(sys.argv)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", required=True, choices=["cluener", "peoples_daily", "cmeee"])
+    p.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
+    p.add_argument("--encoder", default="e5-small")
+    p.add_argument("--encoder-layers", type=int, default=None)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--eval-batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--head-lr", type=float, default=1e-3)
+    p.add_argument("--crf-lr-multiplier", type=float, default=100.0)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", default="runs/bench")
+    p.add_argument("--compare-hf", action="store_true", help="throughput against HF pipeline (needs --model)")
+    p.add_argument("--model", default=None)
+    p.add_argument("--n", type=int, default=1000, help="texts for --compare-hf")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args()
+    row = compare_hf(args) if args.compare_hf else run(args)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with RESULTS.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(json.dumps(row, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
