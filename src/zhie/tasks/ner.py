@@ -219,7 +219,8 @@ class NerTask:
         if self.config.head == "softmax":
             return F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100)
         tags, mask = labels[:, 1:], labels[:, 1:] != -100  # content tokens start at position 1
-        return -model.crf.log_likelihood(logits[:, 1:], tags.clamp(min=0), mask).mean()
+        crf = getattr(model, "module", model).crf  # under DDP the model arrives wrapped
+        return -crf.log_likelihood(logits[:, 1:], tags.clamp(min=0), mask).mean()
 
     # --------------------------------------------------------------------------------------- decoding
     @torch.no_grad()
