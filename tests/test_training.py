@@ -237,7 +237,7 @@ def test_toy_model_learns_logs_and_saves_best(tmp_path):
     assert [h["epoch"] for h in lines] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert set(lines[0]["lr"]) == {"encoder", "encoder_no_decay", "head", "head_no_decay", "crf"}
     assert lines[-1]["lr"]["encoder"] == 0.0 and lines[0]["lr"]["crf"] == pytest.approx(
-        1e-1 * linear_warmup_decay(8, 4, 40))
+        2e-2 * 2.0 * linear_warmup_decay(8, 4, 40))  # crf: lr x multiplier
     assert lines[0]["tokens_per_s"] > 0
     assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
