@@ -1,4 +1,4 @@
-"""The ``zhie`` command: train, evaluate, predict, demo."""
+"""The ``zhie`` command: train, evaluate, predict, segment, demo."""
 
 from __future__ import annotations
 
@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     ner.add_argument("--flatten", action="store_true",
                      help="crf/softmax heads: keep the outermost of nested entities instead of refusing")
 
+    cws = tasks.add_parser("cws", help="Chinese word segmentation (crf, softmax heads; BMES tags)")
+    _train_flags(cws)
+    cws.add_argument("--head", default="crf", choices=["crf", "softmax"])
+
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
     ev.add_argument("--data", required=True)
@@ -75,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("texts", nargs="*", help="texts to process (or use --input)")
     pr.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
     pr.add_argument("--batch-size", type=int, default=32)
+
+    seg = sub.add_parser("segment", help="segment text into words with a trained cws model")
+    seg.add_argument("model", help="model directory (or a run directory with best/)")
+    seg.add_argument("texts", nargs="*", help="texts to segment (or use --input)")
+    seg.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
+    seg.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
+    seg.add_argument("--batch-size", type=int, default=32)
 
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
@@ -107,12 +118,24 @@ def read_texts(path: str) -> list[str]:
 
 
 def cmd_train(args) -> None:
+    if args.task == "cws":
+        from zhie.tasks.cws import train_cws
+
+        result = train_cws(args.train, args.dev, out=args.out, encoder=args.encoder, head=args.head,
+                           max_length=args.max_length, keep_tokens=args.keep_tokens,
+                           encoder_layers=args.encoder_layers, config=_train_config(args),
+                           resume=not args.no_resume, progress=not args.quiet)
+        return print_best(args, result)
     from zhie.tasks.ner import train_ner
 
     result = train_ner(args.train, args.dev, out=args.out, encoder=args.encoder, head=args.head,
                        format=args.format, mode=args.mode, max_length=args.max_length, flatten=args.flatten,
                        keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
                        config=_train_config(args), resume=not args.no_resume, progress=not args.quiet)
+    print_best(args, result)
+
+
+def print_best(args, result: dict) -> None:
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
     print(json.dumps(best, ensure_ascii=False))
 
@@ -128,23 +151,48 @@ def print_report(metrics: dict) -> None:
 def cmd_eval(args) -> None:
     import zhie
     from zhie.data import read_ner
+    from zhie.data.cws import read_segmented
 
     pipe = zhie.load(args.model)
-    metrics = pipe.evaluate(read_ner(args.data, args.format), batch_size=args.batch_size)
-    print_report(metrics)
+    if pipe.task.name == "cws":
+        metrics = pipe.evaluate(read_segmented(args.data), batch_size=args.batch_size)
+        print(json.dumps(metrics, ensure_ascii=False))
+    else:
+        metrics = pipe.evaluate(read_ner(args.data, args.format), batch_size=args.batch_size)
+        print_report(metrics)
     if args.json:
         Path(args.json).write_text(json.dumps(metrics, ensure_ascii=False, indent=2), encoding="utf-8")
+
+
+def input_texts(args) -> list[str]:
+    texts = list(args.texts) + (read_texts(args.input) if args.input else [])
+    if not texts:
+        raise ValueError(f"nothing to {args.command}: give texts as arguments or --input FILE")
+    return texts
 
 
 def cmd_predict(args) -> None:
     import zhie
 
-    texts = list(args.texts) + (read_texts(args.input) if args.input else [])
-    if not texts:
-        raise ValueError("nothing to predict: give texts as arguments or --input FILE")
+    texts = input_texts(args)
     pipe = zhie.load(args.model)
     for text, spans in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
         print(json.dumps({"text": text, "entities": [s.to_dict() for s in spans]}, ensure_ascii=False))
+
+
+def cmd_segment(args) -> None:
+    import zhie
+
+    texts = input_texts(args)
+    pipe = zhie.load(args.model)
+    if pipe.task.name != "cws":
+        raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie segment` needs a cws model")
+    for text, spans in zip(texts, pipe.segment_spans(texts, batch_size=args.batch_size)):
+        if args.json:
+            words = [{"start": s.start, "end": s.end, "text": s.text} for s in spans]
+            print(json.dumps({"text": text, "words": words}, ensure_ascii=False))
+        else:
+            print("  ".join(s.text for s in spans if not s.text.isspace()))
 
 
 def cmd_demo(args) -> None:
@@ -170,7 +218,7 @@ def cmd_demo(args) -> None:
     print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "segment": cmd_segment, "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
 """Evaluation metrics.
 
 - :func:`span_prf`: span-level precision / recall / F1, micro-averaged and per type (NER).
+- :func:`segmentation_prf`: word-level P/R/F1 over character spans, with OOV and IV recall (SIGHAN scoring).
 
 Conventions shared by every metric here: inputs are per-example lists, a ratio with a zero
 denominator is 0.0, and results are plain dicts of Python numbers (JSON-serialisable).
@@ -61,3 +62,27 @@ def span_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLik
         "n_gold": sum(n_gold.values()),
         "n_pred": sum(n_pred.values()),
     }
+
+
+def segmentation_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLike]],
+                     gold_words: Sequence[Sequence[str]], train_vocab: set[str]) -> dict:
+    """SIGHAN-style word segmentation scores over character spans.
+
+    Precision, recall and F1 of predicted word spans (exact ``(start, end)`` match), plus the recall of gold
+    words that are out of the training vocabulary (``oov_recall``) and of those in it (``iv_recall``).
+    ``gold_words[i]`` are the texts of ``gold[i]``, in the same order.
+    """
+    tp = n_gold = n_pred = oov = oov_hit = iv = iv_hit = 0
+    for g_spans, p_spans, words in zip(gold, pred, gold_words, strict=True):
+        g = [_key(s)[:2] for s in g_spans]
+        p = {_key(s)[:2] for s in p_spans}
+        n_gold, n_pred = n_gold + len(g), n_pred + len(p)
+        for span, word in zip(g, words, strict=True):
+            hit = span in p
+            tp += hit
+            if word in train_vocab:
+                iv, iv_hit = iv + 1, iv_hit + hit
+            else:
+                oov, oov_hit = oov + 1, oov_hit + hit
+    return {**_prf(tp, n_pred, n_gold), "oov_recall": oov_hit / oov if oov else 0.0,
+            "iv_recall": iv_hit / iv if iv else 0.0, "n_gold": n_gold, "n_pred": n_pred, "n_oov": oov}

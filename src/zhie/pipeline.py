@@ -1,4 +1,4 @@
-"""Load a saved model directory and use it: ``zhie.load(DIR).predict(texts)``."""
+"""Load a saved model directory and use it: ``zhie.load(DIR).predict(texts)`` / ``.segment(texts)``."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ class NerPipeline:
     """A trained NER model: ``predict(texts)`` returns one list of :class:`Span` per text."""
 
     def __init__(self, path: str | os.PathLike, device: str | None = None):
-        from zhie.tasks.ner import NerTask
-
         self.path = Path(path)
-        self.task, self.model = NerTask.load(path)
+        self.task, self.model = self.task_class().load(path)
         self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.labels = self.task.config.labels
+
+    @staticmethod
+    def task_class():
+        from zhie.tasks.ner import NerTask
+
+        return NerTask
 
     def predict(self, texts: list[str] | str, batch_size: int = 32) -> list[list[Span]]:
         if isinstance(texts, str):
@@ -32,7 +36,25 @@ class NerPipeline:
         return self.task.evaluate(self.model, examples, batch_size)
 
 
-PIPELINES = {"ner": NerPipeline}
+class CwsPipeline(NerPipeline):
+    """A trained segmenter: ``segment(texts)`` returns the words of each text (they join back to the text)."""
+
+    @staticmethod
+    def task_class():
+        from zhie.tasks.cws import CwsTask
+
+        return CwsTask
+
+    def segment_spans(self, texts: list[str] | str, batch_size: int = 32) -> list[list[Span]]:
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.task.segment(self.model, list(texts), batch_size)
+
+    def segment(self, texts: list[str] | str, batch_size: int = 32) -> list[list[str]]:
+        return [[s.text for s in spans] for spans in self.segment_spans(texts, batch_size)]
+
+
+PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline}
 
 
 def load(path: str | os.PathLike, device: str | None = None):

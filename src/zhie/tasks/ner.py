@@ -30,10 +30,17 @@ from torch import Tensor, nn
 
 from zhie import encoders
 from zhie.data import NerExample
-from zhie.heads import CRF, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger, bio_allowed_transitions
+from zhie.heads import (
+    CRF,
+    EfficientGlobalPointer,
+    GlobalPointer,
+    SoftmaxTagger,
+    bio_allowed_transitions,
+    bmes_allowed_transitions,
+)
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
-from zhie.spans import Span, tags_to_spans
+from zhie.spans import Span, spans_to_tags, tags_to_spans
 from zhie.tasks.base import (
     device_of,
     load_head_weights,
@@ -59,16 +66,21 @@ class NerConfig:
     stride: int = 32
     head_size: int = 64
     dropout: float = 0.1
+    scheme: str = "BIO"  # tagger heads: BIO for entities, BMES for word segmentation
 
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
         if not self.labels:
             raise ValueError("no entity types: the training data has no entities")
+        if self.scheme not in ("BIO", "BMES") or (self.scheme == "BMES" and self.head in SPAN_HEADS):
+            raise ValueError(f"scheme {self.scheme!r} with head {self.head!r}: use BIO, or BMES with crf/softmax")
 
     @property
     def tags(self) -> list[str]:
-        """BIO tags of the tagger heads: O = 0, B-c = 2c+1, I-c = 2c+2."""
+        """Tags of the tagger heads: BIO O = 0, B-c = 2c+1, I-c = 2c+2; BMES S = 0, B = 1, M = 2, E = 3."""
+        if self.scheme == "BMES":
+            return ["S", "B", "M", "E"]
         return ["O"] + [f"{p}-{label}" for label in self.labels for p in "BI"]
 
 
@@ -138,8 +150,10 @@ class NerTask:
         self.tokenizer = tokenizer
         self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
         self.label_index = {label: i for i, label in enumerate(config.labels)}
+        self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
         if config.head == "crf":
-            self.allowed = bio_allowed_transitions(config.tags)
+            constraints = bmes_allowed_transitions if config.scheme == "BMES" else bio_allowed_transitions
+            self.allowed = constraints(config.tags)
         self.stats = {"spans_dropped": 0, "windows": 0}
 
     # --------------------------------------------------------------------------------------- encoding
@@ -184,12 +198,9 @@ class NerTask:
     def _tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
         if self.config.head in SPAN_HEADS:
             return []
-        tags = [0] * n
-        for s, e, k in spans:
-            tags[s] = 2 * k + 1
-            for t in range(s + 1, e + 1):
-                tags[t] = 2 * k + 2
-        return tags
+        labels = self.config.labels
+        tags = spans_to_tags([(s, e + 1, labels[k]) for s, e, k in spans], n, self.config.scheme)
+        return [self.tag_index[t] for t in tags]
 
     def collate(self, items: list[Item]) -> dict[str, Tensor]:
         batch = self.collate_inputs(items)
@@ -245,8 +256,8 @@ class NerTask:
         probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         tags = self.config.tags
         for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):
-            for s, e, label in tags_to_spans([tags[t] for t in path[:length]], "BIO"):
-                rows[b].append((s, e - 1, self.label_index[label], probs[b, s:e].mean().item()))
+            for s, e, label in tags_to_spans([tags[t] for t in path[:length]], self.config.scheme):
+                rows[b].append((s, e - 1, self.label_index.get(label, 0), probs[b, s:e].mean().item()))
         return rows
 
     @torch.no_grad()
