@@ -1,0 +1,114 @@
+"""The CRF learning-rate study (spec §8) on SXU word segmentation.
+
+    python benchmarks/cws_crf_lr.py --run softmax --layers 1
+    python benchmarks/cws_crf_lr.py --run crf --multiplier 1000 --layers 1
+    python benchmarks/cws_crf_lr.py --run crf --multiplier 1 --train-limit 4000     # full e5-small
+
+Each run trains on SXU train (or its first --train-limit sentences), scores the SXU test set after every epoch
+(SIGHAN word P/R/F1, as the spec's table reports test F1 per epoch), and appends a JSON line to
+``benchmarks/results/cws_crf_lr.jsonl`` with the F1 after epoch 1, the best F1 and the learned 4x4 transition
+matrix (CRF runs), plus a heatmap PNG next to it and a check of the matrix's sense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from zhie.data.cws import read_segmented, write_segmented
+from zhie.tasks.cws import train_cws
+from zhie.training import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SXU = ROOT.parent / "shared" / "data" / "cws" / "sxu"
+RESULTS = ROOT / "benchmarks" / "results"
+TAGS = ["S", "B", "M", "E"]
+
+
+def sense(T: torch.Tensor) -> dict:
+    """Does the matrix say what BMES means? Forbidden moves below every allowed one from the same tag."""
+    i = {t: k for k, t in enumerate(TAGS)}
+    forbidden = [("S", "M"), ("S", "E"), ("B", "S"), ("B", "B"), ("M", "S"), ("M", "B"), ("E", "M"), ("E", "E")]
+    allowed = [("S", "S"), ("S", "B"), ("B", "M"), ("B", "E"), ("M", "M"), ("M", "E"), ("E", "S"), ("E", "B")]
+    worst_allowed = {a: min(T[i[a], i[b]].item() for x, b in allowed if x == a) for a in TAGS}
+    violations = [f"{a}->{b}" for a, b in forbidden if T[i[a], i[b]].item() >= worst_allowed[a]]
+    return {"sensible": not violations, "violations": violations,
+            "forbidden_mean": sum(T[i[a], i[b]].item() for a, b in forbidden) / len(forbidden),
+            "allowed_mean": sum(T[i[a], i[b]].item() for a, b in allowed) / len(allowed)}
+
+
+def heatmap(T: torch.Tensor, title: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3.6, 3.2))
+    ax = fig.add_subplot()
+    im = ax.imshow(T.numpy(), cmap="RdBu_r", vmin=-abs(T).max().item(), vmax=abs(T).max().item())
+    ax.set_xticks(range(4), TAGS)
+    ax.set_yticks(range(4), TAGS)
+    ax.set_xlabel("to")
+    ax.set_ylabel("from")
+    for a in range(4):
+        for b in range(4):
+            ax.text(b, a, f"{T[a, b]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", choices=["softmax", "crf"], required=True)
+    p.add_argument("--multiplier", type=float, default=1.0, help="CRF lr = --lr x this")
+    p.add_argument("--layers", type=int, default=None, help="keep only the first N e5-small layers (weak encoder)")
+    p.add_argument("--encoder", default="e5-small")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--train-limit", type=int, default=None, help="train on the first N sentences only")
+    p.add_argument("--out", default="runs/cws_study")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--results", default=str(RESULTS), help="directory for the JSON lines and heatmaps")
+    args = p.parse_args()
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+
+    name = f"{args.run}" + (f"-x{args.multiplier:g}" if args.run == "crf" else "") + \
+        f"-{'L' + str(args.layers) if args.layers else 'full'}" + (f"-n{args.train_limit}" if args.train_limit else "")
+    out = Path(args.out) / name
+    train_file = SXU / "train.txt"
+    if args.train_limit:
+        out.mkdir(parents=True, exist_ok=True)
+        train_file = out.parent / f"sxu_train_{args.train_limit}.txt"
+        write_segmented(read_segmented(SXU / "train.txt")[: args.train_limit], train_file)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.lr,
+                         crf_lr_multiplier=args.multiplier, seed=args.seed)
+    result = train_cws(train_file, SXU / "test.txt", out=out, encoder=args.encoder, head=args.run,
+                       max_length=args.max_length, encoder_layers=args.layers, config=config, progress=False)
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    row = {"run": name, "head": args.run, "multiplier": args.multiplier if args.run == "crf" else None,
+           "encoder_layers": args.layers or "all", "lr": args.lr, "epochs": args.epochs,
+           "train_sentences": args.train_limit or "all", "f1_epoch1": history[0]["dev"]["f1"],
+           "best_f1": result["best"]["f1"], "f1_per_epoch": [h["dev"]["f1"] for h in history],
+           "oov_recall_best": result["best"].get("oov_recall"),
+           "tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history)}
+    if args.run == "crf":
+        T = load_file(str(out / "best" / "head.safetensors"))["crf.transitions"].float()
+        row["transitions"] = [[round(v, 4) for v in r] for r in T.tolist()]
+        row.update(sense(T))
+        heatmap(T, f"CRF transitions, lr x{args.multiplier:g}, {name}", results / f"cws_transitions_{name}.png")
+    row.update({"date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
+    with (results / "cws_crf_lr.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(json.dumps(row, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()
