@@ -161,16 +161,16 @@ class NerTask:
         """Taggers need flat spans: refuse nested data (or keep the outermost spans with ``flatten``)."""
         if self.config.head in SPAN_HEADS:
             return examples
-        nested = [i for i, ex in enumerate(examples) if is_nested(ex.spans)]
+        nested = {i for i, ex in enumerate(examples) if is_nested(ex.spans)}
         if not nested:
             return examples
         if not flatten:
             raise ValueError(
-                f"{where} has nested or overlapping entities in {len(nested)} example(s) (first: #{nested[0] + 1}, "
-                f"{examples[nested[0]].text[:40]!r}); the {self.config.head} head tags each character once and "
+                f"{where} has nested or overlapping entities in {len(nested)} example(s) (first: #{min(nested) + 1}, "
+                f"{examples[min(nested)].text[:40]!r}); the {self.config.head} head tags each character once and "
                 "cannot represent them. Use --head gp or --head egp, or --flatten to keep the outermost spans.")
         self.stats["flattened_examples"] = len(nested)
-        return [NerExample(ex.text, flatten_outermost(ex.spans)) if i in set(nested) else ex
+        return [NerExample(ex.text, flatten_outermost(ex.spans)) if i in nested else ex
                 for i, ex in enumerate(examples)]
 
     def encode(self, examples: list[NerExample]) -> list[Item]:
