@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     _train_flags(cws)
     cws.add_argument("--head", default="crf", choices=["crf", "softmax"])
 
+    rel = tasks.add_parser("re", help="relation extraction with GPLinker (triples)")
+    _train_flags(rel)
+    rel.add_argument("--schema", default=None, help="schema.json (JSON lines with 'predicate'); default: from data")
+    rel.add_argument("--variant", default="egp", choices=["gp", "egp"])
+
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
     ev.add_argument("--data", required=True)
@@ -74,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     ev.add_argument("--batch-size", type=int, default=32)
 
-    pr = sub.add_parser("predict", help="predict entities; JSON lines out, in input order")
+    pr = sub.add_parser("predict", help="predict entities or relations; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
     pr.add_argument("texts", nargs="*", help="texts to process (or use --input)")
     pr.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
@@ -126,6 +131,14 @@ def cmd_train(args) -> None:
                            encoder_layers=args.encoder_layers, config=_train_config(args),
                            resume=not args.no_resume, progress=not args.quiet)
         return print_best(args, result)
+    if args.task == "re":
+        from zhie.tasks.relation import train_relations
+
+        result = train_relations(args.train, args.dev, out=args.out, schema=args.schema, encoder=args.encoder,
+                                 variant=args.variant, max_length=args.max_length, keep_tokens=args.keep_tokens,
+                                 encoder_layers=args.encoder_layers, config=_train_config(args),
+                                 resume=not args.no_resume, progress=not args.quiet)
+        return print_best(args, result)
     from zhie.tasks.ner import train_ner
 
     result = train_ner(args.train, args.dev, out=args.out, encoder=args.encoder, head=args.head,
@@ -154,8 +167,11 @@ def cmd_eval(args) -> None:
     from zhie.data.cws import read_segmented
 
     pipe = zhie.load(args.model)
-    if pipe.task.name == "cws":
-        metrics = pipe.evaluate(read_segmented(args.data), batch_size=args.batch_size)
+    if pipe.task.name in ("cws", "re"):
+        from zhie.data.spo import read_spo
+
+        reader = read_segmented if pipe.task.name == "cws" else read_spo
+        metrics = pipe.evaluate(reader(args.data), batch_size=args.batch_size)
         print(json.dumps(metrics, ensure_ascii=False))
     else:
         metrics = pipe.evaluate(read_ner(args.data, args.format), batch_size=args.batch_size)
@@ -176,8 +192,9 @@ def cmd_predict(args) -> None:
 
     texts = input_texts(args)
     pipe = zhie.load(args.model)
-    for text, spans in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
-        print(json.dumps({"text": text, "entities": [s.to_dict() for s in spans]}, ensure_ascii=False))
+    key = "relations" if pipe.task.name == "re" else "entities"
+    for text, found in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
+        print(json.dumps({"text": text, key: [x.to_dict() for x in found]}, ensure_ascii=False))
 
 
 def cmd_segment(args) -> None:

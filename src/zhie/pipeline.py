@@ -19,7 +19,7 @@ class NerPipeline:
         self.path = Path(path)
         self.task, self.model = self.task_class().load(path)
         self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.labels = self.task.config.labels
+        self.labels = getattr(self.task.config, "labels", None)
 
     @staticmethod
     def task_class():
@@ -54,7 +54,17 @@ class CwsPipeline(NerPipeline):
         return [[s.text for s in spans] for spans in self.segment_spans(texts, batch_size)]
 
 
-PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline}
+class RelationPipeline(NerPipeline):
+    """A trained GPLinker model: ``predict(texts)`` returns one list of :class:`zhie.data.spo.Triple` per text."""
+
+    @staticmethod
+    def task_class():
+        from zhie.tasks.relation import RelationTask
+
+        return RelationTask
+
+
+PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline, "re": RelationPipeline}
 
 
 def load(path: str | os.PathLike, device: str | None = None):
