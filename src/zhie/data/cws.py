@@ -6,13 +6,12 @@ concatenated text; full-width characters are kept as they are. Blank lines are s
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from zhie.data.base import DataError, PathLike, iter_lines
 from zhie.data.ner import NerExample
+from zhie.files import atomic_write_text
 from zhie.spans import Span
 
 
@@ -33,13 +32,4 @@ def read_segmented(path: PathLike) -> list[NerExample]:
 
 def write_segmented(examples: Iterable[NerExample], path: PathLike, sep: str = "  ") -> None:
     """Write examples as segmented text (words joined by ``sep``), atomically."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for ex in examples:
-                f.write(sep.join(ex.text[s.start:s.end] for s in ex.spans) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(Path(path), "".join(sep.join(s.text for s in ex.spans) + "\n" for ex in examples))

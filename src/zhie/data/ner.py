@@ -20,14 +20,13 @@ mention (CLUENER train has one) reads as it is written.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhie.data.base import DataError, PathLike, iter_lines, json_line
+from zhie.files import atomic_write_text
 from zhie.spans import Span, tags_to_spans
 
 
@@ -319,20 +318,9 @@ def read_ner_jsonl(path: PathLike) -> list[NerExample]:
 
 def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
     """Write examples as zhie JSON lines, atomically (a temporary file, then ``os.replace``)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            for ex in examples:
-                rec = {"text": ex.text, "entities": [sp.to_dict() for sp in ex.spans]}
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    lines = [json.dumps({"text": ex.text, "entities": [sp.to_dict() for sp in ex.spans]}, ensure_ascii=False) + "\n"
+             for ex in examples]
+    atomic_write_text(Path(path), "".join(lines))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import shutil
 import struct
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from zhie.files import replace_dir
 
 NAME = "e5-small"
 _FILE = "e5-small-q4.bin"
@@ -223,16 +224,13 @@ def convert(source: str | Path | None = None, out_dir: str | Path | None = None)
                         layer_norm_eps=h["eps"], pad_token_id=h["pad"], bos_token_id=h["bos"],
                         eos_token_id=h["eos"], architectures=["BertModel"])
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         config.save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in _state_dict(f).items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         build_tokenizer(f).save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        tmp.chmod(0o755)
+
+    replace_dir(out, write)
     return out

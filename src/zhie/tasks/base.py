@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from torch import Tensor, nn
 
 import zhie
 from zhie.encoders import WeightsMismatchError, quiet_transformers
+from zhie.files import replace_dir
 
 META_FILE = "zhie.json"
 HEAD_FILE = "head.safetensors"
@@ -29,23 +28,19 @@ def save_model_dir(out: str | os.PathLike, model: nn.Module, tokenizer, meta: di
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         with quiet_transformers():
             model.encoder.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         head = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
                 if not k.startswith("encoder.")}
         save_file(head, str(tmp / HEAD_FILE), metadata={"format": "pt"})
-        (tmp / META_FILE).write_text(json.dumps({**meta, "zhie_version": zhie.__version__}, ensure_ascii=False,
-                                                indent=2), encoding="utf-8")
+        meta_text = json.dumps({**meta, "zhie_version": zhie.__version__}, ensure_ascii=False, indent=2)
+        (tmp / META_FILE).write_text(meta_text, encoding="utf-8")
         tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(out, write)
     return out
 
 
