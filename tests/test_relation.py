@@ -66,7 +66,7 @@ def test_label_encoding_and_decoding_round_trip_every_located_cmeie_triple():
     missing, extra, total = 0, 0, 0
     for start in range(0, len(items), 64):
         batch = task.collate(items[start:start + 64])
-        rows = task.decode(oracle_logits(batch, len(predicates)))
+        rows = task.decode(None, oracle_logits(batch, len(predicates)))
         for ex, row in zip(examples[start:start + 64], rows):
             enc = task.text_tokenizer(ex.text)
 

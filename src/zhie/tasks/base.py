@@ -122,3 +122,85 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
 
 def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+class WindowedTask:
+    """What the span tasks share: model inputs, windowed prediction, saving and loading.
+
+    Subclasses set ``name``, ``config_class`` and ``model_class`` (built as ``model_class(encoder, config)``;
+    the config has ``mode``, ``max_length`` and ``stride``) and implement
+    ``decode(model, logits, attention_mask) -> one list of hits per row``.
+    """
+
+    name: str
+    config_class: type
+    model_class: type
+
+    def __init__(self, config, tokenizer):
+        from zhie.text import TextTokenizer
+
+        self.config = config
+        self.tokenizer = tokenizer
+        self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """(content tokens per window, overlap between windows)."""
+        size = self.config.max_length - 2
+        return size, min(self.config.stride, size - 1)
+
+    def collate_inputs(self, items) -> dict[str, Tensor]:
+        """Items with ``ids`` (content tokens) -> ``input_ids`` with the special tokens and ``attention_mask``."""
+        tt = self.text_tokenizer
+        return {"input_ids": pad([tt.model_input(it.ids) for it in items], tt.pad_id),
+                "attention_mask": pad([[1] * (len(it.ids) + 2) for it in items], 0)}
+
+    @torch.no_grad()
+    def window_rows(self, model: nn.Module, texts: list[str], batch_size: int, timings: dict | None = None):
+        """Run the model over every window of every text, longest first; yield ``(text index, (a, b), encoding,
+        decoded row)`` where the row's token positions are relative to the window start ``a``.
+
+        ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
+        """
+        import time
+        from types import SimpleNamespace
+
+        from zhie.text import windows
+
+        model.eval()
+        device = device_of(model)
+        size, stride = self.window
+        encodings = [self.text_tokenizer(t) for t in texts]
+        jobs = [(i, w) for i, enc in enumerate(encodings) if len(enc) for w in windows(len(enc), size, stride)]
+        for batch_jobs in sorted_batches([b - a for _, (a, b) in jobs], batch_size):
+            batch = self.collate_inputs([SimpleNamespace(ids=encodings[jobs[j][0]].ids[slice(*jobs[j][1])])
+                                         for j in batch_jobs])
+            mask = batch["attention_mask"].to(device)
+            t0 = time.perf_counter()
+            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=mask)
+            t1 = time.perf_counter()
+            rows = self.decode(model, logits, mask)
+            if timings is not None:
+                timings["model_s"] = timings.get("model_s", 0.0) + t1 - t0
+                timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
+            for j, row in zip(batch_jobs, rows):
+                i, window = jobs[j]
+                yield i, window, encodings[i], row
+
+    def save(self, model: nn.Module, out: Path) -> Path:
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """``(task, model)`` from a model directory (or a run directory with ``best/``), in eval mode."""
+        from zhie import encoders
+
+        path = resolve_model_dir(path)
+        meta = read_meta(path, cls.name)
+        fields = cls.config_class.__dataclass_fields__
+        config = cls.config_class(**{k: v for k, v in meta.items() if k in fields})
+        encoder, tokenizer = encoders.load_pretrained(path)
+        model = cls.model_class(encoder, config)
+        load_head_weights(model, path)
+        model.eval()
+        return cls(config, tokenizer), model

@@ -20,7 +20,6 @@ emission scores).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zhie import encoders
 from zhie.data import NerExample
 from zhie.heads import (
     CRF,
@@ -41,16 +39,8 @@ from zhie.heads import (
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span, spans_to_tags, tags_to_spans
-from zhie.tasks.base import (
-    device_of,
-    load_head_weights,
-    pad,
-    read_meta,
-    resolve_model_dir,
-    save_model_dir,
-    sorted_batches,
-)
-from zhie.text import Encoding, TextTokenizer, owns, windows
+from zhie.tasks.base import WindowedTask, pad
+from zhie.text import owns, windows
 
 HEADS = ("softmax", "crf", "gp", "egp")
 Hit = tuple[int, int, int, float]  # first token, last token (inclusive), label index, score
@@ -140,15 +130,15 @@ class Item:
     tags: list[int] = field(default_factory=list)
 
 
-class NerTask:
+class NerTask(WindowedTask):
     """Label encoding, batching, loss, decoding and evaluation for one :class:`NerConfig`."""
 
     name = "ner"
+    config_class = NerConfig
+    model_class = NerModel
 
     def __init__(self, config: NerConfig, tokenizer):
-        self.config = config
-        self.tokenizer = tokenizer
-        self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
+        super().__init__(config, tokenizer)
         self.label_index = {label: i for i, label in enumerate(config.labels)}
         self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
         if config.head == "crf":
@@ -175,8 +165,7 @@ class NerTask:
 
     def encode(self, examples: list[NerExample]) -> list[Item]:
         """Training items: one per window of ``max_length - 2`` content tokens."""
-        size = self.config.max_length - 2
-        stride = min(self.config.stride, size - 1)
+        size, stride = self.window
         items = []
         for ex in examples:
             enc = self.text_tokenizer(ex.text)
@@ -260,62 +249,25 @@ class NerTask:
                 rows[b].append((s, e - 1, self.label_index.get(label, 0), probs[b, s:e].mean().item()))
         return rows
 
-    @torch.no_grad()
     def predict(self, model: NerModel, texts: list[str], batch_size: int = 32,
                 timings: dict | None = None) -> list[list[Span]]:
-        """Entities of each text, in input order; long texts go through overlapping windows."""
-        model.eval()
-        device = device_of(model)
-        size = self.config.max_length - 2
-        stride = min(self.config.stride, size - 1)
-        encodings: list[Encoding] = [self.text_tokenizer(t) for t in texts]
-        jobs = [(i, w) for i, enc in enumerate(encodings) if len(enc) for w in windows(len(enc), size, stride)]
+        """Entities of each text, in input order; long texts go through overlapping windows, each entity is
+        reported by the window that owns its start (:func:`zhie.text.owns`)."""
         found: list[dict[tuple[int, int, str], float]] = [{} for _ in texts]
-        for batch_jobs in sorted_batches([b - a for _, (a, b) in jobs], batch_size):
-            items = [Item(encodings[jobs[j][0]].ids[slice(*jobs[j][1])], []) for j in batch_jobs]
-            batch = self.collate_inputs(items)
-            t0 = time.perf_counter()
-            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-            t1 = time.perf_counter()
-            rows = self.decode(model, logits, batch["attention_mask"].to(device))
-            if timings is not None:
-                timings["model_s"] = timings.get("model_s", 0.0) + t1 - t0
-                timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
-            for j, row in zip(batch_jobs, rows):
-                i, (a, b) = jobs[j]
-                enc = encodings[i]
-                for s, e, k, score in row:
-                    if s < 0 or e >= b - a or not owns((a, b), a + s, len(enc), stride):
-                        continue
-                    start, end = enc.token_span_to_chars(a + s, a + e + 1)
-                    key = (start, end, self.config.labels[k])
-                    found[i][key] = max(score, found[i].get(key, 0.0))
+        stride = self.window[1]
+        for i, (a, b), enc, row in self.window_rows(model, texts, batch_size, timings):
+            for s, e, k, score in row:
+                if s < 0 or e >= b - a or not owns((a, b), a + s, len(enc), stride):
+                    continue
+                start, end = enc.token_span_to_chars(a + s, a + e + 1)
+                key = (start, end, self.config.labels[k])
+                found[i][key] = max(score, found[i].get(key, 0.0))
         return [sorted(Span(s, e, label, text[s:e], score) for (s, e, label), score in spans.items())
                 for text, spans in zip(texts, found)]
-
-    def collate_inputs(self, items: list[Item]) -> dict[str, Tensor]:
-        tt = self.text_tokenizer
-        return {"input_ids": pad([tt.model_input(it.ids) for it in items], tt.pad_id),
-                "attention_mask": pad([[1] * (len(it.ids) + 2) for it in items], 0)}
 
     def evaluate(self, model: NerModel, examples: list[NerExample], batch_size: int = 32) -> dict:
         pred = self.predict(model, [ex.text for ex in examples], batch_size)
         return span_prf([ex.spans for ex in examples], pred)
-
-    # --------------------------------------------------------------------------------------- saving
-    def save(self, model: NerModel, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
-
-    @classmethod
-    def load(cls, path: str | Path) -> tuple[NerTask, NerModel]:
-        path = resolve_model_dir(path)
-        meta = read_meta(path, cls.name)
-        config = NerConfig(**{k: v for k, v in meta.items() if k in NerConfig.__dataclass_fields__})
-        encoder, tokenizer = encoders.load_pretrained(path)
-        model = NerModel(encoder, config)
-        load_head_weights(model, path)
-        model.eval()
-        return cls(config, tokenizer), model
 
 
 def train_ner(train_path, dev_path, *, out, encoder: str = "e5-small", head: str = "gp", format: str = "auto",

@@ -22,23 +22,14 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from zhie import encoders
 from zhie.data.spo import SpoExample, Triple
 from zhie.heads import EfficientGlobalPointer, GlobalPointer
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span
-from zhie.tasks.base import (
-    device_of,
-    load_head_weights,
-    pad,
-    read_meta,
-    resolve_model_dir,
-    save_model_dir,
-    sorted_batches,
-)
+from zhie.tasks.base import WindowedTask
 from zhie.tasks.ner import content_mask
-from zhie.text import TextTokenizer, windows
+from zhie.text import windows
 
 
 @dataclass
@@ -104,20 +95,19 @@ def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> 
     return out
 
 
-class RelationTask:
+class RelationTask(WindowedTask):
     name = "re"
+    config_class = RelationConfig
+    model_class = RelationModel
 
     def __init__(self, config: RelationConfig, tokenizer):
-        self.config = config
-        self.tokenizer = tokenizer
-        self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
+        super().__init__(config, tokenizer)
         self.predicate_index = {p: i for i, p in enumerate(config.predicates)}
         self.stats = {"triples": 0, "triples_dropped": 0, "not_in_text": 0, "unknown_predicate": 0}
 
     # --------------------------------------------------------------------------------------- encoding
     def encode(self, examples: list[SpoExample]) -> list[Item]:
-        size = self.config.max_length - 2
-        stride = min(self.config.stride, size - 1)
+        size, stride = self.window
         items = []
         for ex in examples:
             enc = self.text_tokenizer(ex.text)
@@ -149,11 +139,6 @@ class RelationTask:
                 items.append(item)
         return items
 
-    def collate_inputs(self, items: list[Item]) -> dict[str, Tensor]:
-        tt = self.text_tokenizer
-        return {"input_ids": pad([tt.model_input(it.ids) for it in items], tt.pad_id),
-                "attention_mask": pad([[1] * (len(it.ids) + 2) for it in items], 0)}
-
     def collate(self, items: list[Item]) -> dict[str, Tensor]:
         batch = self.collate_inputs(items)
         n, r = batch["input_ids"].shape[1], len(self.config.predicates)
@@ -170,9 +155,10 @@ class RelationTask:
 
     # --------------------------------------------------------------------------------------- decoding
     @torch.no_grad()
-    def decode(self, logits: RelationLogits) -> list[list[tuple[int, int, int, int, int, float]]]:
-        """-> per row ``(subject start, subject end, predicate, object start, object end, score)``, content
-        positions with inclusive ends."""
+    def decode(self, model: RelationModel | None, logits: RelationLogits,
+               attention_mask: Tensor | None = None) -> list[list[tuple[int, int, int, int, int, float]]]:
+        """Logits (already masked) -> per row ``(subject start, subject end, predicate, object start,
+        object end, score)``, content positions with inclusive ends."""
         rows = []
         for b in range(logits.entity.shape[0]):
             ent = logits.entity[b].float()
@@ -195,35 +181,14 @@ class RelationTask:
                 objects[oi, 1].tolist(), score.tolist())])
         return rows
 
-    @torch.no_grad()
     def predict(self, model: RelationModel, texts: list[str], batch_size: int = 32,
                 timings: dict | None = None) -> list[list[Triple]]:
-        import time
-
-        model.eval()
-        device = device_of(model)
-        size = self.config.max_length - 2
-        stride = min(self.config.stride, size - 1)
-        encodings = [self.text_tokenizer(t) for t in texts]
-        jobs = [(i, w) for i, enc in enumerate(encodings) if len(enc) for w in windows(len(enc), size, stride)]
+        """Triples of each text, in input order; a triple found in several overlapping windows is kept once."""
         found: list[dict] = [{} for _ in texts]
-        for batch_jobs in sorted_batches([b - a for _, (a, b) in jobs], batch_size):
-            batch = self.collate_inputs([Item(encodings[jobs[j][0]].ids[slice(*jobs[j][1])]) for j in batch_jobs])
-            t0 = time.perf_counter()
-            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-            t1 = time.perf_counter()
-            rows = self.decode(logits)
-            if timings is not None:
-                timings["model_s"] = timings.get("model_s", 0.0) + t1 - t0
-                timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
-            for j, row in zip(batch_jobs, rows):
-                i, (a, _) = jobs[j]
-                enc = encodings[i]
-                for sh, st, p, oh, ot, score in row:
-                    s0, s1 = enc.token_span_to_chars(a + sh, a + st + 1)
-                    o0, o1 = enc.token_span_to_chars(a + oh, a + ot + 1)
-                    key = (s0, s1, p, o0, o1)
-                    found[i][key] = max(score, found[i].get(key, 0.0))
+        for i, (a, _), enc, row in self.window_rows(model, texts, batch_size, timings):
+            for sh, st, p, oh, ot, score in row:
+                key = (*enc.token_span_to_chars(a + sh, a + st + 1), p, *enc.token_span_to_chars(a + oh, a + ot + 1))
+                found[i][key] = max(score, found[i].get(key, 0.0))
         return [[Triple(Span(s0, s1, "", text[s0:s1]), self.config.predicates[p], Span(o0, o1, "", text[o0:o1]),
                         score) for (s0, s1, p, o0, o1), score in sorted(spans.items())]
                 for text, spans in zip(texts, found)]
@@ -231,21 +196,6 @@ class RelationTask:
     def evaluate(self, model: RelationModel, examples: list[SpoExample], batch_size: int = 32) -> dict:
         pred = self.predict(model, [ex.text for ex in examples], batch_size)
         return relation_metrics(examples, pred)
-
-    # --------------------------------------------------------------------------------------- saving
-    def save(self, model: RelationModel, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
-
-    @classmethod
-    def load(cls, path: str | Path) -> tuple[RelationTask, RelationModel]:
-        path = resolve_model_dir(path)
-        meta = read_meta(path, cls.name)
-        config = RelationConfig(**{k: v for k, v in meta.items() if k in RelationConfig.__dataclass_fields__})
-        encoder, tokenizer = encoders.load_pretrained(path)
-        model = RelationModel(encoder, config)
-        load_head_weights(model, path)
-        model.eval()
-        return cls(config, tokenizer), model
 
 
 def relation_metrics(gold: list[SpoExample], pred: list[list[Triple]]) -> dict:
