@@ -81,6 +81,20 @@ def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) ->
     return out
 
 
+def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> Tensor:
+    """Per-row ``(head, i, j)`` content positions -> ``[b, heads, P]`` cells ``(i+1) * n + (j+1)``, 0-padded."""
+    per_head = [[set() for _ in range(heads)] for _ in rows]
+    for b, cells in enumerate(rows):
+        for k, i, j in cells:
+            per_head[b][k].add((i + 1) * n + j + 1)
+    width = max([1] + [len(c) for row in per_head for c in row])
+    out = torch.zeros(len(rows), heads, width, dtype=torch.long)
+    for b, row in enumerate(per_head):
+        for k, cells in enumerate(row):
+            out[b, k, : len(cells)] = torch.tensor(sorted(cells), dtype=torch.long)
+    return out
+
+
 def sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
     """Indices grouped into batches of similar length (longest first), for prediction."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])

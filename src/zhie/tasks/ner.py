@@ -39,7 +39,7 @@ from zhie.heads import (
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span, spans_to_tags, tags_to_spans
-from zhie.tasks.base import WindowedTask, pad
+from zhie.tasks.base import WindowedTask, pad, sparse_cells
 from zhie.text import owns, windows
 
 HEADS = ("softmax", "crf", "gp", "egp")
@@ -195,17 +195,8 @@ class NerTask(WindowedTask):
         batch = self.collate_inputs(items)
         n = batch["input_ids"].shape[1]
         if self.config.head in SPAN_HEADS:
-            # sparse labels [b, types, P]: cell (s+1) * n + (e+1) of each gold span, padded with 0
-            per_type = [[[] for _ in self.config.labels] for _ in items]
-            for i, it in enumerate(items):
-                for s, e, k in it.spans:
-                    per_type[i][k].append((s + 1) * n + e + 1)
-            width = max([1] + [len(cells) for row in per_type for cells in row])
-            labels = torch.zeros(len(items), len(self.config.labels), width, dtype=torch.long)
-            for i, row in enumerate(per_type):
-                for k, cells in enumerate(row):
-                    labels[i, k, : len(cells)] = torch.tensor(cells, dtype=torch.long)
-            batch["labels"] = labels
+            rows = [[(k, s, e) for s, e, k in it.spans] for it in items]
+            batch["labels"] = sparse_cells(rows, len(self.config.labels), n)
         else:
             batch["labels"] = pad([[-100, *it.tags, -100] for it in items], -100, n)
         return batch

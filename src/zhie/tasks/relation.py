@@ -27,7 +27,7 @@ from zhie.heads import EfficientGlobalPointer, GlobalPointer
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span
-from zhie.tasks.base import WindowedTask
+from zhie.tasks.base import WindowedTask, sparse_cells
 from zhie.tasks.ner import content_mask
 from zhie.text import windows
 
@@ -79,20 +79,6 @@ class Item:
     entity: list[tuple[int, int, int]] = field(default_factory=list)     # (role, start, end) content positions
     head_head: list[tuple[int, int, int]] = field(default_factory=list)  # (predicate, subject start, object start)
     tail_tail: list[tuple[int, int, int]] = field(default_factory=list)  # (predicate, subject end, object end)
-
-
-def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> Tensor:
-    """Per-row ``(head, i, j)`` content positions -> ``[b, heads, P]`` cells ``(i+1) * n + (j+1)``, 0-padded."""
-    per_head = [[set() for _ in range(heads)] for _ in rows]
-    for b, cells in enumerate(rows):
-        for k, i, j in cells:
-            per_head[b][k].add((i + 1) * n + j + 1)
-    width = max([1] + [len(c) for row in per_head for c in row])
-    out = torch.zeros(len(rows), heads, width, dtype=torch.long)
-    for b, row in enumerate(per_head):
-        for k, cells in enumerate(row):
-            out[b, k, : len(cells)] = torch.tensor(sorted(cells), dtype=torch.long)
-    return out
 
 
 class RelationTask(WindowedTask):
