@@ -19,15 +19,14 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from common import DATA, RESULTS, append_result, machine
 from safetensors.torch import load_file
 
 from zhie.data.cws import read_segmented, write_segmented
 from zhie.tasks.cws import train_cws
 from zhie.training import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-SXU = ROOT.parent / "shared" / "data" / "cws" / "sxu"
-RESULTS = ROOT / "benchmarks" / "results"
+SXU = DATA / "cws" / "sxu"
 TAGS = ["S", "B", "M", "E"]
 
 
@@ -75,10 +74,8 @@ def main() -> None:
     p.add_argument("--train-limit", type=int, default=None, help="train on the first N sentences only")
     p.add_argument("--out", default="runs/cws_study")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--results", default=str(RESULTS), help="directory for the JSON lines and heatmaps")
     args = p.parse_args()
-    results = Path(args.results)
-    results.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
 
     name = f"{args.run}" + (f"-x{args.multiplier:g}" if args.run == "crf" else "") + \
         f"-{'L' + str(args.layers) if args.layers else 'full'}" + (f"-n{args.train_limit}" if args.train_limit else "")
@@ -103,11 +100,9 @@ def main() -> None:
         T = load_file(str(out / "best" / "head.safetensors"))["crf.transitions"].float()
         row["transitions"] = [[round(v, 4) for v in r] for r in T.tolist()]
         row.update(sense(T))
-        heatmap(T, f"CRF transitions, lr x{args.multiplier:g}, {name}", results / f"cws_transitions_{name}.png")
-    row.update({"date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
-    with (results / "cws_crf_lr.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(json.dumps(row, ensure_ascii=False))
+        heatmap(T, f"CRF transitions, lr x{args.multiplier:g}, {name}", RESULTS / f"cws_transitions_{name}.png")
+    row.update({"machine": machine(), "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
+    append_result("cws_crf_lr", row)
 
 
 if __name__ == "__main__":

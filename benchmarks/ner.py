@@ -12,24 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
-import resource
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
 import torch
+from common import DATA, append_result, machine, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.tasks.ner import train_ner
 from zhie.training import TrainConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "ner"
-RESULTS = ROOT / "benchmarks" / "results" / "ner.jsonl"
+DATA = DATA / "ner"
 
 
 def dataset_files(name: str, out: Path) -> tuple[Path, Path]:
@@ -48,18 +45,6 @@ def dataset_files(name: str, out: Path) -> tuple[Path, Path]:
         write_ner_jsonl([examples[i] for i in order[cut:]], dev)
         return train, dev
     raise SystemExit(f"unknown dataset {name}")
-
-
-def peak_memory_mb() -> float:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def machine() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
 def prediction_speed(model_dir: Path, texts: list[str], batch_size: int) -> dict:
@@ -109,7 +94,8 @@ def compare_hf(args) -> dict:
     texts = [ex.text for ex in read_ner(dataset_files(args.dataset, Path(args.out))[1])][: args.n]
     hf_model = AutoModelForTokenClassification.from_pretrained(model_dir / "best" if (model_dir / "best").exists()
                                                                else model_dir, num_labels=2 * len(pipe.labels) + 1)
-    hf = pipeline("token-classification", model=hf_model, tokenizer=pipe.task.tokenizer, device=-1,
+    hf = pipeline("token-classification", model=hf_model, tokenizer=pipe.task.tokenizer,
+                  device=0 if torch.cuda.is_available() else -1,
                   aggregation_strategy="simple")
     hf(texts[:8], batch_size=args.eval_batch_size)
     start = time.perf_counter()
@@ -142,15 +128,19 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--compare-hf", action="store_true", help="throughput against HF pipeline (needs --model)")
+    p.add_argument("--speed", action="store_true", help="prediction speed of --model on the dev set")
     p.add_argument("--model", default=None)
     p.add_argument("--n", type=int, default=1000, help="texts for --compare-hf")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
-    row = compare_hf(args) if args.compare_hf else run(args)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(json.dumps(row, ensure_ascii=False))
+    if args.speed:  # prediction speed of a trained model alone (training runs in parallel share the device)
+        texts = [ex.text for ex in read_ner(dataset_files(args.dataset, Path(args.out))[1])]
+        row = {"dataset": args.dataset, "speed": True, "model": args.model,
+               **prediction_speed(Path(args.model), texts, args.eval_batch_size), "machine": machine(),
+               "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)}
+    else:
+        row = compare_hf(args) if args.compare_hf else run(args)
+    append_result("ner", row)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,34 @@ def test_sparse_relation_loss_equals_dense_loss():
     torch.testing.assert_close(sparse, dense, rtol=1e-4, atol=1e-4)
 
 
+def test_decoding_caps_what_an_untrained_model_emits():
+    """Half of all cells above 0 (an untrained model) would give ~L^4 R / 16 triples: the caps bound the work."""
+    from zhie.tasks.relation import RelationLogits
+
+    _, tokenizer = encoders.tiny(["北京大学在海淀区"])
+    task = RelationTask(RelationConfig(["a", "b", "c"], max_spans=10, max_triples=20), tokenizer)
+    g = torch.Generator().manual_seed(0)
+    n = 40
+    logits = RelationLogits(*(torch.randn(2, h, n, n, generator=g) for h in (2, 3, 3)))
+    rows = task.decode(None, logits)
+    assert all(len(row) == 20 for row in rows)
+    for b, row in enumerate(rows):
+        subjects = {(sh, st) for sh, st, *_ in row}
+        assert len(subjects) <= 10
+        assert min(score for *_, score in row) > 0.5  # sigmoid(2 * logit) of four cells above 0
+        for sh, st, p, oh, ot, _ in row:
+            assert logits.entity[b, 0, sh + 1, st + 1] > 0 and logits.entity[b, 1, oh + 1, ot + 1] > 0
+            assert logits.head_head[b, p, sh + 1, oh + 1] > 0 and logits.tail_tail[b, p, st + 1, ot + 1] > 0
+    # a wide cap returns everything above 0, as the uncapped rule does
+    task.config.max_spans, task.config.max_triples = 10**6, 10**9
+    small = RelationLogits(*(torch.randn(1, h, 6, 6, generator=g) for h in (2, 3, 3)))
+    expected = {(sh - 1, st - 1, p, oh - 1, ot - 1)
+                for sh in range(6) for st in range(6) for oh in range(6) for ot in range(6) for p in range(3)
+                if small.entity[0, 0, sh, st] > 0 and small.entity[0, 1, oh, ot] > 0
+                and small.head_head[0, p, sh, oh] > 0 and small.tail_tail[0, p, st, ot] > 0}
+    assert {t[:5] for t in task.decode(None, small)[0]} == expected
+
+
 @pytest.fixture(scope="module")
 def cmeie_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("re")

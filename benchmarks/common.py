@@ -1,0 +1,37 @@
+"""What the benchmark scripts share: where the data is, where results go, and how a run describes its machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# The datasets of ../shared/data; ZHIE_DATA points elsewhere (e.g. a copy carried to a GPU machine).
+DATA = Path(os.environ.get("ZHIE_DATA") or ROOT.parent / "shared" / "data")
+RESULTS = Path(os.environ.get("ZHIE_RESULTS") or ROOT / "benchmarks" / "results")
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated by torch on CUDA, else the process's peak resident set size."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> str:
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
+
+
+def append_result(name: str, row: dict) -> None:
+    """Append one JSON line to ``RESULTS/name.jsonl`` and print it."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with (RESULTS / f"{name}.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    print(json.dumps(row, ensure_ascii=False))

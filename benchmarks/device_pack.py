@@ -1,0 +1,66 @@
+"""Pack what a benchmark run on a lent GPU machine needs into ``.devcarry/`` (git-ignored, under 64 MiB).
+
+    python benchmarks/device_pack.py
+
+The GPU machine sees only the repository, so this copies the datasets the benchmarks read and writes
+e5-small with its vocabulary pruned to CJK ideographs, ASCII, punctuation and every character of those
+datasets (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly
+such a set anyway (``--keep-tokens auto``), and pruning keeps the hidden states of kept tokens unchanged,
+so a run on the pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless, ~22 MiB:
+dequantised 4-bit values compress well). On the GPU machine:
+
+    python3 benchmarks/device_pack.py --unpack
+    ZHIE_DATA=.devcarry/data python3 benchmarks/ner.py --encoder .devcarry/e5-small-pruned ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import lzma
+import shutil
+
+from common import DATA, ROOT
+
+from zhie import encoders
+from zhie.tasks.base import CJK_CHARSET
+from zhie.text import TextTokenizer
+
+FILES = ["ner/cluener/train.json", "ner/cluener/dev.json", "ner/cmeee/train.json", "ner/cmeee/dev.json",
+         "ner/peoples_daily/example.dev", "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl",
+         "re/cmeie/dev.jsonl", "re/cmeie/schema.json"]
+
+
+OUT = ROOT / ".devcarry"
+WEIGHTS = OUT / "e5-small-pruned" / "model.safetensors"
+
+
+def pack() -> None:
+    out = OUT
+    chars = set(CJK_CHARSET)
+    for name in FILES:
+        (out / "data" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(DATA / name, out / "data" / name)
+        chars |= set((DATA / name).read_text(encoding="utf-8"))
+    model, tokenizer = encoders.load("e5-small")
+    tt = TextTokenizer(tokenizer, "char")
+    model, tokenizer = encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
+    target = out / "e5-small-pruned"
+    shutil.rmtree(target, ignore_errors=True)
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    with WEIGHTS.open("rb") as src, lzma.open(WEIGHTS.with_suffix(".safetensors.xz"), "wb", preset=6) as dst:
+        shutil.copyfileobj(src, dst)
+    WEIGHTS.unlink()
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"{out}: {len(tokenizer)} tokens kept, {size / 2**20:.1f} MiB")
+
+
+def unpack() -> None:
+    with lzma.open(WEIGHTS.with_suffix(".safetensors.xz")) as src, WEIGHTS.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--unpack", action="store_true", help="decompress the weights (on the GPU machine)")
+    unpack() if p.parse_args().unpack else pack()
