@@ -5,8 +5,8 @@
 #   bash benchmarks/gpu_ner.sh                  # there; results in $ZHIE_RESULTS (default benchmarks/results)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 benchmarks/device_pack.py --unpack
 export PYTHONPATH=src:benchmarks ZHIE_DATA=.devcarry/data OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+python3 benchmarks/device_pack.py --unpack || exit 1
 E=.devcarry/e5-small-pruned
 R=runs/gpu
 mkdir -p $R/logs
