@@ -63,7 +63,8 @@ def heatmap(T: torch.Tensor, title: str, path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", choices=["softmax", "crf"], required=True)
+    p.add_argument("--run", choices=["softmax", "crf"])
+    p.add_argument("--plot", action="store_true", help="redraw every heatmap from the JSON lines, train nothing")
     p.add_argument("--multiplier", type=float, default=1.0, help="CRF lr = --lr x this")
     p.add_argument("--layers", type=int, default=None, help="keep only the first N e5-small layers (weak encoder)")
     p.add_argument("--encoder", default="e5-small")
@@ -75,10 +76,19 @@ def main() -> None:
     p.add_argument("--out", default="runs/cws_study")
     p.add_argument("--seed", type=int, default=42)
     args = p.parse_args()
+    if args.plot:
+        for row in map(json.loads, (RESULTS / "cws_crf_lr.jsonl").read_text(encoding="utf-8").splitlines()):
+            if "transitions" in row:
+                heatmap(torch.tensor(row["transitions"]), f"CRF transitions, lr x{row['multiplier']:g}, {row['run']}",
+                        RESULTS / f"cws_transitions_{row['run']}.png")
+        return
+    if not args.run:
+        p.error("--run is required (or --plot)")
     RESULTS.mkdir(parents=True, exist_ok=True)
 
     name = f"{args.run}" + (f"-x{args.multiplier:g}" if args.run == "crf" else "") + \
-        f"-{'L' + str(args.layers) if args.layers else 'full'}" + (f"-n{args.train_limit}" if args.train_limit else "")
+        f"-{'L' + str(args.layers) if args.layers else 'full'}" + \
+        (f"-n{args.train_limit}" if args.train_limit else "") + f"-lr{args.lr:g}"
     out = Path(args.out) / name
     train_file = SXU / "train.txt"
     if args.train_limit:

@@ -25,7 +25,7 @@ def ner_table() -> str:
              "| peak MB | lr / head lr / CRF ×, batch | machine, date |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows("ner.jsonl"):
-        if r.get("compare"):
+        if r.get("compare") or r.get("speed"):
             continue
         per_epoch = ", ".join(pct(f) for f in r["f1_per_epoch"])
         crf = f" / ×{r['crf_lr_multiplier']:g}" if r.get("crf_lr_multiplier") else ""
@@ -47,16 +47,57 @@ def hf_table() -> str:
     return "\n".join(lines)
 
 
+def speed_table() -> str:
+    lines = ["| dataset | model | predict sent/s | decode share | model share | machine, date |",
+             "|---|---|---|---|---|---|"]
+    for r in rows("ner.jsonl"):
+        if r.get("speed"):
+            lines.append(f"| {r['dataset']} | {r['model'].rsplit('/', 1)[-1]} | {r['predict_sent_per_s']:.0f} | "
+                         f"{100 * r['decode_share']:.1f}% | {100 * r['model_share']:.1f}% | "
+                         f"{r['machine']}, {r['date']} |")
+    return "\n".join(lines)
+
+
+def relation_tables() -> str:
+    train = ["| variant | epochs | lr / head lr, batch | dev triple F1 (per epoch) | P / R | entity F1 | train tok/s "
+             "| peak MB | machine, date |", "|---|---|---|---|---|---|---|---|---|"]
+    other = []
+    for r in rows("relation.jsonl"):
+        if r["run"] == "train":
+            per_epoch = ", ".join(pct(f) for f in r["f1_per_epoch"])
+            train.append(f"| {r['variant']} | {r['epochs']} | {r['lr']:g} / {r['head_lr']:g}, {r['batch_size']} | "
+                         f"**{pct(r['dev_f1'])}** ({per_epoch}) | {pct(r['dev_precision'])} / {pct(r['dev_recall'])} | "
+                         f"{pct(r['dev_entity_f1'])} | {r['train_tokens_per_s']:.0f} | {r['peak_memory_mb']:.0f} | "
+                         f"{r['machine']}, {r['date']} |")
+        elif r["run"] == "memory":
+            other.append(f"* Memory, one training step on the {r['batch_size']} longest CMeIE windows ({r['tokens']} "
+                         f"tokens, {r['heads']} GP heads): labels {r['sparse_label_mb']:.2f} MB sparse against "
+                         f"{r['dense_label_mb']:.0f} MB dense; peak GPU memory {r.get('sparse_peak_mb', 0):.0f} MB "
+                         f"sparse against {r.get('dense_peak_mb', 0):.0f} MB dense; losses {r['sparse_loss']:.4f} and "
+                         f"{r['dense_loss']:.4f} ({r['machine']}, {r['date']}; `{r['command']}`).")
+        elif r["run"] == "decode":
+            other.append(f"* Decoding an untrained model's {r['windows']} dev windows ({r['triples_decoded']:,} "
+                         f"triples after the caps): vectorised {r['vectorised_decode_s']:.2f} s; per-cell Python "
+                         f"decoder {r['per_cell_decode_s']:.1f} s for {r['per_cell_windows']} windows, about "
+                         f"{r['per_cell_extrapolated_s']:.0f} s for all ({r['speedup']:.0f}× slower); outputs equal: "
+                         f"{'yes' if r['outputs_equal'] else 'no'}; model forward {r['model_s']:.2f} s "
+                         f"({r['machine']}, {r['date']}; `{r['command']}`).")
+    return "\n".join(train) + "\n\n" + "\n".join(other)
+
+
 def cws_table() -> str:
-    lines = ["| run | encoder layers | CRF lr × | epoch-1 F1 | best F1 | OOV recall | sensible matrix | date |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | encoder layers | lr | CRF lr × | epoch-1 F1 | best F1 | OOV recall | sensible matrix "
+             "| machine, date |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows("cws_crf_lr.jsonl"):
         mult = "–" if r["multiplier"] is None else f"{r['multiplier']:g}"
         sensible = "–" if "sensible" not in r else ("yes" if r["sensible"] else f"no ({', '.join(r['violations'])})")
-        lines.append(f"| {r['run']} | {r['encoder_layers']} | {mult} | {pct(r['f1_epoch1'])} | {pct(r['best_f1'])} | "
-                     f"{pct(r['oov_recall_best'])} | {sensible} | {r['date']} |")
+        lines.append(f"| {r['run']} | {r['encoder_layers']} | {r['lr']:g} | {mult} | {pct(r['f1_epoch1'])} | "
+                     f"{pct(r['best_f1'])} | {pct(r['oov_recall_best'])} | {sensible} | {r.get('machine', '')}, "
+                     f"{r['date']} |")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    print("## NER\n\n" + ner_table() + "\n\n" + hf_table() + "\n\n## CWS CRF learning-rate study\n\n" + cws_table())
+    print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
+          "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables())
