@@ -4,9 +4,11 @@
 
 The GPU machine sees only the repository, so this copies the datasets the benchmarks read and writes
 e5-small with its vocabulary pruned to CJK ideographs, ASCII, punctuation and every character of those
-datasets (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly
-such a set anyway (``--keep-tokens auto``), and pruning keeps the hidden states of kept tokens unchanged,
-so a run on the pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless, ~22 MiB:
+datasets, plus every subword piece of the sentence-pair data's sentences with and without e5's ``"query: "``
+prefix (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly
+such a set anyway (``--keep-tokens auto``), pruning keeps the hidden states of kept tokens unchanged, and a
+Unigram tokenizer segments a text the same way as long as the pieces of its best segmentation are kept, so a
+run on the pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless, ~22 MiB:
 dequantised 4-bit values compress well). On the GPU machine:
 
     python3 benchmarks/device_pack.py --unpack
@@ -27,7 +29,8 @@ from zhie.text import TextTokenizer
 
 FILES = ["ner/cluener/train.json", "ner/cluener/dev.json", "ner/cmeee/train.json", "ner/cmeee/dev.json",
          "ner/peoples_daily/example.dev", "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl",
-         "re/cmeie/dev.jsonl", "re/cmeie/schema.json"]
+         "re/cmeie/dev.jsonl", "re/cmeie/schema.json", "sts/stsb/train.data", "sts/stsb/valid.data",
+         "sts/atec/train.data", "sts/atec/valid.data"]
 
 
 OUT = ROOT / ".devcarry"
@@ -43,7 +46,14 @@ def pack() -> None:
         chars |= set((DATA / name).read_text(encoding="utf-8"))
     model, tokenizer = encoders.load("e5-small")
     tt = TextTokenizer(tokenizer, "char")
-    model, tokenizer = encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
+    keep = {tt.char_id(c) for c in chars} - {None}
+    for name in FILES:
+        if name.startswith("sts/"):
+            sentences = [s for line in (DATA / name).read_text(encoding="utf-8").splitlines()
+                         for s in line.split("\t")[:2]]
+            for prefix in ("", "query: "):
+                keep.update(i for ids in tokenizer([prefix + s for s in sentences])["input_ids"] for i in ids)
+    model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
     target = out / "e5-small-pruned"
     shutil.rmtree(target, ignore_errors=True)
     model.save_pretrained(target)

@@ -1,4 +1,4 @@
-"""The ``zhie`` command: train, evaluate, predict, segment, demo."""
+"""The ``zhie`` command: train, evaluate, predict, segment, embed, demo."""
 
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--schema", default=None, help="schema.json (JSON lines with 'predicate'); default: from data")
     rel.add_argument("--variant", default="egp", choices=["gp", "egp"])
 
+    sts = tasks.add_parser("sts", help="sentence embeddings from sentence pairs (CoSENT, Sentence-BERT, cosine-MSE)")
+    _train_flags(sts)
+    sts.add_argument("--loss", default="cosent", choices=["cosent", "sbert", "cosine-mse"])
+    sts.add_argument("--pooling", default="cls", choices=["cls", "mean", "first-last-avg"])
+    sts.add_argument("--prefix", default=None, help='text put before every sentence (default: "query: " for e5)')
+    sts.set_defaults(max_length=64)
+
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
     ev.add_argument("--data", required=True)
@@ -91,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     seg.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
     seg.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
     seg.add_argument("--batch-size", type=int, default=32)
+
+    emb = sub.add_parser("embed", help="sentence vectors from a trained sts model")
+    emb.add_argument("model", help="model directory (or a run directory with best/)")
+    emb.add_argument("texts", nargs="*", help="texts to embed (or use --input)")
+    emb.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
+    emb.add_argument("--output", default=None, help="write a [n, hidden] float32 .npy file instead of JSON lines")
+    emb.add_argument("--no-normalize", action="store_true", help="raw pooled vectors, not L2-normalised")
+    emb.add_argument("--batch-size", type=int, default=64)
 
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
@@ -131,6 +146,14 @@ def cmd_train(args) -> None:
                            encoder_layers=args.encoder_layers, config=_train_config(args),
                            resume=not args.no_resume, progress=not args.quiet)
         return print_best(args, result)
+    if args.task == "sts":
+        from zhie.tasks.sts import train_sts
+
+        result = train_sts(args.train, args.dev, out=args.out, encoder=args.encoder, loss=args.loss,
+                           pooling=args.pooling, max_length=args.max_length, prefix=args.prefix,
+                           encoder_layers=args.encoder_layers, config=_train_config(args),
+                           resume=not args.no_resume, progress=not args.quiet)
+        return print_best(args, result)
     if args.task == "re":
         from zhie.tasks.relation import train_relations
 
@@ -167,10 +190,11 @@ def cmd_eval(args) -> None:
     from zhie.data.cws import read_segmented
 
     pipe = zhie.load(args.model)
-    if pipe.task.name in ("cws", "re"):
+    if pipe.task.name in ("cws", "re", "sts"):
         from zhie.data.spo import read_spo
+        from zhie.data.sts import read_pairs
 
-        reader = read_segmented if pipe.task.name == "cws" else read_spo
+        reader = {"cws": read_segmented, "re": read_spo, "sts": read_pairs}[pipe.task.name]
         metrics = pipe.evaluate(reader(args.data), batch_size=args.batch_size)
         print(json.dumps(metrics, ensure_ascii=False))
     else:
@@ -192,6 +216,8 @@ def cmd_predict(args) -> None:
 
     texts = input_texts(args)
     pipe = zhie.load(args.model)
+    if pipe.task.name == "sts":
+        raise ValueError(f"{args.model} is a sentence-embedding model: use `zhie embed`")
     key = "relations" if pipe.task.name == "re" else "entities"
     for text, found in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
         print(json.dumps({"text": text, key: [x.to_dict() for x in found]}, ensure_ascii=False))
@@ -210,6 +236,24 @@ def cmd_segment(args) -> None:
             print(json.dumps({"text": text, "words": words}, ensure_ascii=False))
         else:
             print("  ".join(s.text for s in spans if not s.text.isspace()))
+
+
+def cmd_embed(args) -> None:
+    import numpy as np
+
+    import zhie
+
+    texts = input_texts(args)
+    pipe = zhie.load(args.model)
+    if pipe.task.name != "sts":
+        raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie embed` needs an sts model")
+    vectors = pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize)
+    if args.output:
+        np.save(args.output, vectors)
+        print(f"{args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32", file=sys.stderr)
+    else:
+        for text, v in zip(texts, vectors):
+            print(json.dumps({"text": text, "embedding": [round(float(x), 6) for x in v]}, ensure_ascii=False))
 
 
 def cmd_demo(args) -> None:
@@ -235,7 +279,8 @@ def cmd_demo(args) -> None:
     print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "segment": cmd_segment, "demo": cmd_demo}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "segment": cmd_segment, "embed": cmd_embed,
+            "demo": cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,8 @@ from torch import Tensor
 
 __all__ = [
     "MASKED_LOGIT_THRESHOLD",
+    "cosent_loss",
+    "cosine_mse_loss",
     "global_pointer_loss",
     "multilabel_categorical_crossentropy",
     "soft_multilabel_categorical_crossentropy",
@@ -158,3 +160,23 @@ def global_pointer_loss(logits: Tensor, index_labels: Tensor, mask_zero: bool = 
     if reduction == "sum_heads_mean_batch":
         return loss.sum(dim=1).mean()
     return loss
+
+
+# ----------------------------------------------------------------------------------------------------
+# sentence-pair losses (spec §4)
+# ----------------------------------------------------------------------------------------------------
+def cosent_loss(cos: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
+    """CoSENT: ``log(1 + sum_{(k, l): y_k < y_l} exp(scale * (c_k - c_l)))`` over every pair of pairs in the batch.
+
+    ``cos [B]``: the cosine of each sentence pair; ``labels [B]``: their labels (only their order matters).
+    One logsumexp with a 0 prepended over the whole ``B x B`` matrix: a scalar per batch, not a mean (spec §4.1).
+    """
+    cos, labels = cos.float() * scale, labels.float()
+    diff = cos[:, None] - cos[None, :]                              # [k, l] = c_k - c_l
+    diff = diff.masked_fill(labels[:, None] >= labels[None, :], -1e12)  # keep y_k < y_l
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
+
+
+def cosine_mse_loss(cos: Tensor, targets: Tensor) -> Tensor:
+    """Mean squared error between each pair's cosine and its target (labels scaled to [0, 1] by the task)."""
+    return torch.nn.functional.mse_loss(cos.float(), targets.float())

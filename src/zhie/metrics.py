@@ -86,3 +86,16 @@ def segmentation_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence
                 oov, oov_hit = oov + 1, oov_hit + hit
     return {**_prf(tp, n_pred, n_gold), "oov_recall": oov_hit / oov if oov else 0.0,
             "iv_recall": iv_hit / iv if iv else 0.0, "n_gold": n_gold, "n_pred": n_pred, "n_oov": oov}
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (scipy's, ties averaged); 0.0 where it is undefined (a constant input)."""
+    import math
+    import warnings
+
+    from scipy.stats import spearmanr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scipy warns on constant input; the result is NaN, reported as 0.0
+        value = float(spearmanr(x, y).statistic)
+    return 0.0 if math.isnan(value) else value

@@ -1,10 +1,12 @@
-"""Load a saved model directory and use it: ``zhie.load(DIR).predict(texts)`` / ``.segment(texts)``."""
+"""Load a saved model directory and use it: ``zhie.load(DIR).predict(texts)`` / ``.segment(texts)`` /
+``.encode(texts)``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from zhie.data import NerExample
@@ -12,13 +14,27 @@ from zhie.spans import Span
 from zhie.tasks.base import read_meta
 
 
-class NerPipeline:
-    """A trained NER model: ``predict(texts)`` returns one list of :class:`Span` per text."""
+class Pipeline:
+    """A trained model and its task, on the GPU if there is one."""
 
     def __init__(self, path: str | os.PathLike, device: str | None = None):
         self.path = Path(path)
         self.task, self.model = self.task_class().load(path)
         self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @staticmethod
+    def task_class():
+        raise NotImplementedError
+
+    def evaluate(self, examples: list, batch_size: int = 32) -> dict:
+        return self.task.evaluate(self.model, examples, batch_size)
+
+
+class NerPipeline(Pipeline):
+    """A trained NER model: ``predict(texts)`` returns one list of :class:`Span` per text."""
+
+    def __init__(self, path: str | os.PathLike, device: str | None = None):
+        super().__init__(path, device)
         self.labels = getattr(self.task.config, "labels", None)
 
     @staticmethod
@@ -64,7 +80,34 @@ class RelationPipeline(NerPipeline):
         return RelationTask
 
 
-PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline, "re": RelationPipeline}
+class SentencePipeline(Pipeline):
+    """A trained sentence encoder: ``encode(texts)`` returns a numpy array of vectors, ``similarity(a, b)``
+    the cosine of sentence pairs."""
+
+    @staticmethod
+    def task_class():
+        from zhie.tasks.sts import StsTask
+
+        return StsTask
+
+    def encode(self, texts: list[str] | str, batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+        """``[n, hidden]`` float32 (one row for a single string: ``[1, hidden]``), in input order."""
+        if isinstance(texts, str):
+            texts = [texts]
+        return self.task.embed(self.model, list(texts), batch_size, normalize)
+
+    def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray | float:
+        """Cosine of ``a[i]`` and ``b[i]`` for each i (a float for two strings)."""
+        single = isinstance(a, str) and isinstance(b, str)
+        a, b = [a] if isinstance(a, str) else list(a), [b] if isinstance(b, str) else list(b)
+        if len(a) != len(b):
+            raise ValueError(f"similarity needs as many texts in a as in b, got {len(a)} and {len(b)}")
+        va, vb = self.encode(a, batch_size), self.encode(b, batch_size)
+        cos = (va * vb).sum(1)
+        return float(cos[0]) if single else cos
+
+
+PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline, "re": RelationPipeline, "sts": SentencePipeline}
 
 
 def load(path: str | os.PathLike, device: str | None = None):

@@ -138,12 +138,11 @@ def device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class WindowedTask:
-    """What the span tasks share: model inputs, windowed prediction, saving and loading.
+class Task:
+    """A task's configuration and tokenizer, saved with its model as one directory and loaded back.
 
-    Subclasses set ``name``, ``config_class`` and ``model_class`` (built as ``model_class(encoder, config)``;
-    the config has ``mode``, ``max_length`` and ``stride``) and implement
-    ``decode(model, logits, attention_mask) -> one list of hits per row``.
+    Subclasses set ``name``, ``config_class`` (a dataclass, stored in ``zhie.json``) and ``model_class``
+    (built as ``model_class(encoder, config)``, with the encoder as its ``encoder`` attribute).
     """
 
     name: str
@@ -151,10 +150,36 @@ class WindowedTask:
     model_class: type
 
     def __init__(self, config, tokenizer):
-        from zhie.text import TextTokenizer
-
         self.config = config
         self.tokenizer = tokenizer
+
+    def save(self, model: nn.Module, out: Path) -> Path:
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike):
+        """``(task, model)`` from a model directory (or a run directory with ``best/``), in eval mode."""
+        from zhie import encoders
+
+        path = resolve_model_dir(path)
+        meta = read_meta(path, cls.name)
+        fields = cls.config_class.__dataclass_fields__
+        config = cls.config_class(**{k: v for k, v in meta.items() if k in fields})
+        encoder, tokenizer = encoders.load_pretrained(path)
+        model = cls.model_class(encoder, config)
+        load_head_weights(model, path)
+        model.eval()
+        return cls(config, tokenizer), model
+
+
+class WindowedTask(Task):
+    """What the span tasks share: model inputs and windowed prediction (config has ``mode``, ``max_length`` and
+    ``stride``); subclasses implement ``decode(model, logits, attention_mask) -> one list of hits per row``."""
+
+    def __init__(self, config, tokenizer):
+        from zhie.text import TextTokenizer
+
+        super().__init__(config, tokenizer)
         self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
 
     @property
@@ -202,21 +227,3 @@ class WindowedTask:
             for j, row in zip(batch_jobs, rows):
                 i, window = jobs[j]
                 yield i, window, encodings[i], row
-
-    def save(self, model: nn.Module, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
-
-    @classmethod
-    def load(cls, path: str | os.PathLike):
-        """``(task, model)`` from a model directory (or a run directory with ``best/``), in eval mode."""
-        from zhie import encoders
-
-        path = resolve_model_dir(path)
-        meta = read_meta(path, cls.name)
-        fields = cls.config_class.__dataclass_fields__
-        config = cls.config_class(**{k: v for k, v in meta.items() if k in fields})
-        encoder, tokenizer = encoders.load_pretrained(path)
-        model = cls.model_class(encoder, config)
-        load_head_weights(model, path)
-        model.eval()
-        return cls(config, tokenizer), model
