@@ -52,7 +52,7 @@ def speed_table() -> str:
              "|---|---|---|---|---|---|"]
     for r in rows("ner.jsonl"):
         if r.get("speed"):
-            lines.append(f"| {r['dataset']} | {r['model'].rsplit('/', 1)[-1]} | {r['predict_sent_per_s']:.0f} | "
+            lines.append(f"| {r['dataset']} | {'/'.join(r['model'].split('/')[-2:])} | {r['predict_sent_per_s']:.0f} | "
                          f"{100 * r['decode_share']:.1f}% | {100 * r['model_share']:.1f}% | "
                          f"{r['machine']}, {r['date']} |")
     return "\n".join(lines)
@@ -85,6 +85,21 @@ def relation_tables() -> str:
     return "\n".join(train) + "\n\n" + "\n".join(other)
 
 
+def sts_table() -> str:
+    lines = ["| dataset | loss | epochs | valid Spearman after epoch 1 | best (per epoch) | train tok/s "
+             "| lr, batch, max len, pooling | machine, date |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows("sts.jsonl"):
+        if "epochs" not in r:
+            lines.append(f"| {r['dataset']} | {r['loss']} | 0 | – | **{pct(r['spearman'])}** | – | –, –, "
+                         f"{r['max_length']}, {r['pooling']} | {r['machine']}, {r['date']} |")
+            continue
+        per_epoch = ", ".join(pct(f) for f in r["spearman_per_epoch"])
+        lines.append(f"| {r['dataset']} | {r['loss']} | {r['epochs']} | {pct(r['spearman_epoch1'])} | "
+                     f"**{pct(r['spearman'])}** ({per_epoch}) | {r['train_tokens_per_s']:.0f} | {r['lr']:g}, "
+                     f"{r['batch_size']}, {r['max_length']}, {r['pooling']} | {r['machine']}, {r['date']} |")
+    return "\n".join(lines)
+
+
 def cws_table() -> str:
     lines = ["| run | encoder layers | lr | CRF lr × | epoch-1 F1 | best F1 | OOV recall | sensible matrix "
              "| machine, date |",
@@ -100,4 +115,5 @@ def cws_table() -> str:
 
 if __name__ == "__main__":
     print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
-          "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables())
+          "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
+          "\n\n## Sentence embeddings\n\n" + sts_table())
