@@ -160,26 +160,3 @@ def test_cli_unknown_format_and_missing_model(tmp_path, capsys):
         main(["eval", str(tmp_path), "--data", "x", "--format", "xml"])
     assert main(["predict", str(tmp_path), "北京"]) == 2
     assert "zhie.json" in capsys.readouterr().err
-
-
-def test_vectorised_bio_decoding_equals_tags_to_spans():
-    """bio_hits reads any tag path (also ill-formed ones, as softmax argmax gives) like tags_to_spans."""
-    from zhie.spans import tags_to_spans
-    from zhie.tasks.ner import bio_hits
-
-    g = torch.Generator().manual_seed(0)
-    labels = ["LOC", "ORG", "PER"]
-    tags = NerConfig(labels, head="softmax").tags
-    for _ in range(50):
-        b, n = 6, 12
-        paths = torch.randint(0, len(tags), (b, n), generator=g)
-        lengths = torch.randint(0, n + 1, (b,), generator=g)
-        mask = torch.arange(n)[None, :] < lengths[:, None]
-        probs = torch.rand(b, n, generator=g)
-        got = bio_hits(paths, mask, probs)
-        for row in range(b):
-            k = int(lengths[row])
-            expected = [(s, e - 1, labels.index(label), probs[row, s:e].mean().item())
-                        for s, e, label in tags_to_spans([tags[t] for t in paths[row, :k].tolist()], "BIO")]
-            assert [h[:3] for h in got[row]] == [h[:3] for h in expected]
-            assert [h[3] for h in got[row]] == pytest.approx([h[3] for h in expected], abs=1e-6)

@@ -99,28 +99,6 @@ class NerModel(nn.Module):
         return self.head(hidden)
 
 
-def bio_hits(paths: Tensor, mask: Tensor, probs: Tensor) -> list[list[Hit]]:
-    """Entities of BIO tag paths (O = 0, B-c = 2c+1, I-c = 2c+2) in tensor ops, as :func:`zhie.spans.tags_to_spans`
-    reads them (seqeval's rules: an I after O or after another type starts an entity); the score of an entity is
-    the mean probability of its tags. ``paths``, ``probs``: ``[b, n]``; ``mask``: ``[b, n]`` bool, True on content."""
-    paths = paths.masked_fill(~mask, 0)
-    inside = paths > 0
-    typ = torch.where(inside, (paths - 1) // 2, -1)
-    prev = F.pad(typ, (1, 0), value=-1)[:, :-1]
-    start = inside & ((paths % 2 == 1) | (prev != typ))
-    after = F.pad(start | ~inside, (0, 1), value=True)[:, 1:]  # the next tag is not this entity's I
-    end = inside & after
-    starts, ends = start.nonzero(), end.nonzero()  # row-major: the k-th start pairs with the k-th end
-    cum = F.pad(probs.float().masked_fill(~mask, 0).cumsum(1), (1, 0))
-    rows_, s, e = starts[:, 0], starts[:, 1], ends[:, 1]
-    score = (cum[rows_, e + 1] - cum[rows_, s]) / (e - s + 1)
-    rows: list[list[Hit]] = [[] for _ in range(paths.shape[0])]
-    for b, first, last, label, sc in zip(rows_.tolist(), s.tolist(), e.tolist(), typ[rows_, s].tolist(),
-                                         score.tolist()):
-        rows[b].append((first, last, label, sc))
-    return rows
-
-
 def content_mask(attention_mask: Tensor) -> Tensor:
     """The attention mask without ``[CLS]`` (position 0) and ``[SEP]`` (the last real position)."""
     mask = attention_mask.clone()
@@ -255,10 +233,8 @@ class NerTask(WindowedTask):
             paths, _ = model.crf.viterbi(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
         else:
             paths = emissions.argmax(-1)
-        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        if self.config.scheme == "BIO":
-            return bio_hits(paths, mask, probs)
-        probs, tags = probs.tolist(), self.config.tags
+        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1).tolist()
+        tags = self.config.tags
         for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):  # one device-to-host copy, no per-span sync
             for s, e, label in tags_to_spans([tags[t] for t in path[:length]], self.config.scheme):
                 rows[b].append((s, e - 1, self.label_index.get(label, 0), sum(probs[b][s:e]) / (e - s)))
