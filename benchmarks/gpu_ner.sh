@@ -16,7 +16,7 @@ for head in gp egp crf softmax; do
   train --dataset cluener --head $head --epochs ${CLUENER_EPOCHS:-6} &
   train --dataset peoples_daily --head $head --epochs ${PD_EPOCHS:-20} &
 done
-for head in gp egp crf; do train --dataset cmeee --head $head --epochs ${CMEEE_EPOCHS:-5} & done
+for head in gp egp crf; do train --dataset cmeee --head $head --epochs ${CMEEE_EPOCHS:-4} & done
 wait
 for d in cluener peoples_daily cmeee; do for head in gp egp crf softmax; do
   [ -d $R/$d-$head/best ] && python3 benchmarks/ner.py --dataset $d --speed --model $R/$d-$head --out $R

@@ -19,7 +19,7 @@ for head in crf softmax; do python3 benchmarks/ner.py --dataset cluener --speed 
 for d in stsb atec; do python3 benchmarks/sts.py --dataset $d --baseline --encoder $E; done
 for loss in cosent sbert cosine-mse; do
   python3 benchmarks/sts.py --dataset stsb --loss $loss --epochs 5 --encoder $E --out $R --quiet > $R/logs/stsb-$loss.log 2>&1 &
-  python3 benchmarks/sts.py --dataset atec --loss $loss --epochs ${ATEC_EPOCHS:-3} --encoder $E --out $R --quiet \
+  python3 benchmarks/sts.py --dataset atec --loss $loss --epochs ${ATEC_EPOCHS:-2} --encoder $E --out $R --quiet \
     > $R/logs/atec-$loss.log 2>&1 &
 done
 wait
