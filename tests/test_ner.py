@@ -160,3 +160,22 @@ def test_cli_unknown_format_and_missing_model(tmp_path, capsys):
         main(["eval", str(tmp_path), "--data", "x", "--format", "xml"])
     assert main(["predict", str(tmp_path), "北京"]) == 2
     assert "zhie.json" in capsys.readouterr().err
+
+
+def test_tagger_training_windows_never_cut_an_entity():
+    """Taggers train on windows cut between entities (a cut entity's tokens would be learnt as O)."""
+    from zhie.tasks.ner import entity_safe_cuts
+
+    text = "张三在北京工作。" * 40  # 320 characters, a PER/LOC pair every 8
+    spans = [Span(i, i + 2, "PER", "张三") for i in range(0, 320, 8)] + \
+            [Span(i + 3, i + 5, "LOC", "北京") for i in range(0, 320, 8)]
+    _, tokenizer = encoders.tiny([text])
+    for head in ("crf", "softmax"):
+        task = NerTask(NerConfig(["LOC", "PER"], head=head, max_length=32), tokenizer)
+        items = task.encode([NerExample(text, sorted(spans))])
+        assert sum(len(it.ids) for it in items) == 320 and all(len(it.ids) <= 30 for it in items)
+        assert sum(len(it.spans) for it in items) == 80 and task.stats["spans_dropped"] == 0
+        tags = [t for it in items for t in it.tags]
+        assert sum(t != task.tag_index["O"] for t in tags) == 160  # every entity token tagged B or I
+    assert entity_safe_cuts(10, [(2, 9, 0)], 4) == [(0, 2), (2, 6), (6, 10)]  # a span longer than size is cut
+    assert entity_safe_cuts(0, [], 4) == []

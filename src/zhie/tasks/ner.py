@@ -99,6 +99,20 @@ class NerModel(nn.Module):
         return self.head(hidden)
 
 
+def entity_safe_cuts(n: int, spans: list[tuple[int, int, int]], size: int) -> list[tuple[int, int]]:
+    """Consecutive training windows ``[a, b)`` of at most ``size`` tokens covering ``0..n``, each ending where no
+    (flat) span ``(first, last, label)`` crosses it; only a span longer than ``size`` is cut."""
+    cuts, start = [], 0
+    while start < n:
+        end = min(start + size, n)
+        crossing = [s for s, e, _ in spans if start < s < end <= e]
+        if crossing:
+            end = min(crossing)
+        cuts.append((start, end))
+        start = end
+    return cuts
+
+
 def content_mask(attention_mask: Tensor) -> Tensor:
     """The attention mask without ``[CLS]`` (position 0) and ``[SEP]`` (the last real position)."""
     mask = attention_mask.clone()
@@ -176,7 +190,10 @@ class NerTask(WindowedTask):
                     self.stats["spans_dropped"] += 1
                     continue
                 token_spans.append((tokens[0], tokens[1] - 1, self.label_index[span.label]))
-            cuts = list(windows(len(enc), size, stride)) if len(enc) else []
+            if self.config.head in SPAN_HEADS:
+                cuts = list(windows(len(enc), size, stride)) if len(enc) else []
+            else:  # a tagger must not see an entity cut by a window edge: it would learn its tokens as O
+                cuts = entity_safe_cuts(len(enc), token_spans, size)
             self.stats["spans_dropped"] += sum(not any(a <= s and e < b for a, b in cuts) for s, e, _ in token_spans)
             for a, b in cuts:
                 inside = [(s - a, e - a, k) for s, e, k in token_spans if a <= s and e < b]
