@@ -116,6 +116,9 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
     of ``texts``; ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000
     tokens (e5-small's 250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"``
     otherwise.
+
+    On return torch's random generator is seeded with ``seed``, so the task heads built next start from the same
+    weights in every run with that seed.
     """
     from zhie import encoders
     from zhie.text import TextTokenizer
@@ -127,11 +130,12 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
         keep_tokens = "cjk" if len(tokenizer) > 50_000 else "all"
     if keep_tokens not in ("all", "cjk", "data"):
         raise ValueError(f"unknown keep_tokens {keep_tokens!r}; use auto, all, cjk or data")
-    if keep_tokens == "all" or mode != "char":
-        return model, tokenizer
-    chars = {c for text in texts for c in text} | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())
-    tt = TextTokenizer(tokenizer, "char")
-    return encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
+    if keep_tokens != "all" and mode == "char":
+        chars = {c for text in texts for c in text} | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())
+        tt = TextTokenizer(tokenizer, "char")
+        model, tokenizer = encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
+    torch.manual_seed(seed)
+    return model, tokenizer
 
 
 def device_of(model: nn.Module) -> torch.device:
