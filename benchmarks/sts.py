@@ -21,7 +21,7 @@ from common import DATA, append_result, machine, peak_memory_mb
 
 from zhie.data.sts import read_pairs
 from zhie.tasks.base import prepare_encoder
-from zhie.tasks.sts import SentenceModel, StsConfig, StsTask, train_sts
+from zhie.tasks.similarity import SentenceModel, StsConfig, StsTask, train_sts
 from zhie.training import TrainConfig
 
 

@@ -147,7 +147,7 @@ def cmd_train(args) -> None:
                            resume=not args.no_resume, progress=not args.quiet)
         return print_best(args, result)
     if args.task == "sts":
-        from zhie.tasks.sts import train_sts
+        from zhie.tasks.similarity import train_sts
 
         result = train_sts(args.train, args.dev, out=args.out, encoder=args.encoder, loss=args.loss,
                            pooling=args.pooling, max_length=args.max_length, prefix=args.prefix,

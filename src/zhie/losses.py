@@ -21,6 +21,7 @@ __all__ = [
     "MASKED_LOGIT_THRESHOLD",
     "cosent_loss",
     "cosine_mse_loss",
+    "sbert_softmax_loss",
     "global_pointer_loss",
     "multilabel_categorical_crossentropy",
     "soft_multilabel_categorical_crossentropy",
@@ -175,6 +176,13 @@ def cosent_loss(cos: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
     diff = cos[:, None] - cos[None, :]                              # [k, l] = c_k - c_l
     diff = diff.masked_fill(labels[:, None] >= labels[None, :], -1e12)  # keep y_k < y_l
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
+
+
+def sbert_softmax_loss(u: Tensor, v: Tensor, labels: Tensor, classifier: torch.nn.Module) -> Tensor:
+    """Sentence-BERT's classification objective (spec §4.1 baseline): cross-entropy of
+    ``classifier([u; v; |u - v|])`` against the pair's class; at test time only the cosine of ``u``, ``v`` is used."""
+    logits = classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
+    return torch.nn.functional.cross_entropy(logits.float(), labels)
 
 
 def cosine_mse_loss(cos: Tensor, targets: Tensor) -> Tensor:

@@ -86,7 +86,7 @@ class SentencePipeline(Pipeline):
 
     @staticmethod
     def task_class():
-        from zhie.tasks.sts import StsTask
+        from zhie.tasks.similarity import StsTask
 
         return StsTask
 
@@ -96,15 +96,12 @@ class SentencePipeline(Pipeline):
             texts = [texts]
         return self.task.embed(self.model, list(texts), batch_size, normalize)
 
-    def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray | float:
-        """Cosine of ``a[i]`` and ``b[i]`` for each i (a float for two strings)."""
-        single = isinstance(a, str) and isinstance(b, str)
+    def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray:
+        """``[n]`` cosines of ``a[i]`` and ``b[i]`` (a single string counts as a list of one)."""
         a, b = [a] if isinstance(a, str) else list(a), [b] if isinstance(b, str) else list(b)
         if len(a) != len(b):
             raise ValueError(f"similarity needs as many texts in a as in b, got {len(a)} and {len(b)}")
-        va, vb = self.encode(a, batch_size), self.encode(b, batch_size)
-        cos = (va * vb).sum(1)
-        return float(cos[0]) if single else cos
+        return (self.encode(a, batch_size) * self.encode(b, batch_size)).sum(1)
 
 
 PIPELINES = {"ner": NerPipeline, "cws": CwsPipeline, "re": RelationPipeline, "sts": SentencePipeline}

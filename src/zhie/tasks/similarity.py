@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zhie.data.sts import Pair
-from zhie.losses import cosent_loss, cosine_mse_loss
+from zhie.losses import cosent_loss, cosine_mse_loss, sbert_softmax_loss
 from zhie.metrics import spearman
 from zhie.tasks.base import Task, device_of, pad, sorted_batches
 
@@ -69,16 +69,11 @@ class SentenceModel(nn.Module):
         hidden = encoder.config.hidden_size
         self.classifier = nn.Linear(3 * hidden, config.num_classes) if config.loss == "sbert" else None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, classify: bool = False) -> Tensor:
-        """Sentence vectors ``[b, hidden]``; ``classify``: the sbert classifier's logits for the interleaved
-        pairs (rows 2k and 2k+1), ``[b / 2, num_classes]``."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Sentence vectors ``[b, hidden]`` (fp32, not normalised)."""
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
                            output_hidden_states=self.config.pooling == "first-last-avg")
-        vectors = pool(out, attention_mask, self.config.pooling)
-        if not classify:
-            return vectors
-        u, v = vectors[0::2], vectors[1::2]
-        return self.classifier(torch.cat([u, v, (u - v).abs()], dim=-1)).float()
+        return pool(out, attention_mask, self.config.pooling)
 
 
 @dataclass
@@ -112,11 +107,12 @@ class StsTask(Task):
 
     def loss(self, model: SentenceModel, batch: dict[str, Tensor]) -> Tensor:
         c = self.config
+        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        u, v = vectors[0::2], vectors[1::2]  # the pairs were interleaved by collate
         if c.loss == "sbert":
-            logits = model(batch["input_ids"], batch["attention_mask"], classify=True)
-            return F.cross_entropy(logits, batch["labels"].long())
-        vectors = model(batch["input_ids"], batch["attention_mask"])
-        cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)
+            classifier = getattr(model, "module", model).classifier  # under DDP the model arrives wrapped
+            return sbert_softmax_loss(u, v, batch["labels"].long(), classifier)
+        cos = F.cosine_similarity(u, v, dim=-1)
         if c.loss == "cosent":
             return cosent_loss(cos, batch["labels"], c.scale)
         return cosine_mse_loss(cos, (batch["labels"] - c.label_min) / (c.label_max - c.label_min))
@@ -130,7 +126,7 @@ class StsTask(Task):
         out = np.zeros((len(texts), model.encoder.config.hidden_size), dtype=np.float32)
         for batch_idx in sorted_batches([len(r) for r in ids], batch_size):
             batch = self._inputs([ids[i] for i in batch_idx])
-            vectors = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            vectors = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
             if normalize:
                 vectors = F.normalize(vectors, dim=-1)
             out[batch_idx] = vectors.cpu().numpy()

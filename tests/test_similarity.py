@@ -12,7 +12,7 @@ from zhie.data import DataError
 from zhie.data.sts import read_pairs
 from zhie.losses import cosent_loss
 from zhie.metrics import spearman
-from zhie.tasks.sts import SentenceModel, StsConfig, StsTask, pool, train_sts
+from zhie.tasks.similarity import SentenceModel, StsConfig, StsTask, pool, train_sts
 from zhie.training import TrainConfig
 
 from .conftest import DATA
@@ -116,7 +116,7 @@ def test_encode_similarity_and_cli(stsb_model, tmp_path, capsys):
     assert vectors.shape == (2, 128) and vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
     same = pipe.similarity("一架飞机要起飞了。", "一架飞机要起飞了。")
-    assert same == pytest.approx(1.0, abs=1e-5)
+    assert same.shape == (1,) and same[0] == pytest.approx(1.0, abs=1e-5)
     cos = pipe.similarity(["一架飞机要起飞了。", "一个人"], ["一架飞机正在起飞。", "一个人"])
     assert cos.shape == (2,) and cos[1] == pytest.approx(1.0, abs=1e-5)
 
