@@ -3,14 +3,8 @@
 # prediction speed and the HF-pipeline comparison one model at a time on the otherwise idle GPU.
 #   python benchmarks/device_pack.py            # here
 #   bash benchmarks/gpu_ner.sh                  # there; results in $ZHIE_RESULTS (default benchmarks/results)
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=src:benchmarks ZHIE_DATA=.devcarry/data OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 benchmarks/device_pack.py --unpack || exit 1
-E=.devcarry/e5-small-pruned
 R=runs/gpu
-mkdir -p $R/logs
-nvidia-cuda-mps-control -d 2>/dev/null
+source "$(dirname "$0")/gpu_env.sh"
 train() { python3 benchmarks/ner.py --encoder $E --batch-size 32 --out $R --quiet "$@" > "$R/logs/$2-$4.log" 2>&1; }
 for head in gp egp crf softmax; do
   train --dataset cluener --head $head --epochs ${CLUENER_EPOCHS:-6} &

@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
 # GPLinker (CMeIE) and the CWS CRF learning-rate study on one lent GPU machine, training runs in parallel, then
 # GPLinker's memory and decoding measurements alone. Set-up as in benchmarks/gpu_ner.sh.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=src:benchmarks ZHIE_DATA=.devcarry/data OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 benchmarks/device_pack.py --unpack || exit 1
-E=.devcarry/e5-small-pruned
 R=runs/gpu
-mkdir -p $R/logs
-nvidia-cuda-mps-control -d 2>/dev/null
+source "$(dirname "$0")/gpu_env.sh"
 for v in gp egp; do
   python3 benchmarks/relation.py --encoder $E --variant $v --epochs ${RE_EPOCHS:-8} --out $R --quiet > $R/logs/re-$v.log 2>&1 &
 done

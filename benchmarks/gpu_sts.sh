@@ -2,14 +2,8 @@
 # Sentence-embedding benchmarks on one lent GPU machine (set-up as in benchmarks/gpu_ner.sh): the untrained
 # baselines, then cosent / sbert / cosine-mse on STS-B and ATEC, all training runs in parallel. First, alone on
 # the GPU: CLUENER crf and softmax trained for a few hundred steps and their prediction speed (decoding share).
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=src:benchmarks ZHIE_DATA=.devcarry/data OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-python3 benchmarks/device_pack.py --unpack || exit 1
-E=.devcarry/e5-small-pruned
 R=runs/gpu3
-mkdir -p $R/logs
-nvidia-cuda-mps-control -d 2>/dev/null
+source "$(dirname "$0")/gpu_env.sh"
 for head in crf softmax; do
   python3 benchmarks/ner.py --encoder $E --batch-size 32 --dataset cluener --head $head --max-steps 300 --out $R \
     --quiet > $R/logs/ner-$head.log 2>&1 &

@@ -88,7 +88,7 @@ class CwsTask(NerTask):
 
     @classmethod
     def load(cls, path: str | Path):
-        task, model = super().load(path)  # WindowedTask.load
+        task, model = super().load(path)
         vocab_file = resolve_model_dir(path) / VOCAB_FILE
         task.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
         return task, model
