@@ -1,9 +1,12 @@
 """zhie: Chinese information extraction in PyTorch.
 
-``zhie.load(DIR)`` returns the pipeline of a trained model directory, e.g. ``zhie.load(DIR).predict(texts)``.
+``zhie.load(DIR)`` returns the pipeline of a trained model directory (``zhie.load(DIR).predict(texts)``);
+``zhie.fit(TASK, train, dev, out=DIR, ...)`` trains one.
 """
 
-__version__ = "0.1.0"
+from zhie.version import __version__
+
+__all__ = ["__version__", "fit", "load"]
 
 
 def load(path, device=None):
@@ -11,3 +14,10 @@ def load(path, device=None):
     from zhie.pipeline import load as _load
 
     return _load(path, device)
+
+
+def fit(task, train_path, dev_path, **kwargs):
+    """Train a model of a registered task (see :func:`zhie.training.fit.fit`)."""
+    from zhie.training.fit import fit as _fit
+
+    return _fit(task, train_path, dev_path, **kwargs)

@@ -19,9 +19,9 @@ from torch import Tensor
 
 __all__ = [
     "MASKED_LOGIT_THRESHOLD",
+    "SoftmaxLoss",
     "cosent_loss",
     "cosine_mse_loss",
-    "sbert_softmax_loss",
     "global_pointer_loss",
     "multilabel_categorical_crossentropy",
     "soft_multilabel_categorical_crossentropy",
@@ -178,11 +178,18 @@ def cosent_loss(cos: Tensor, labels: Tensor, scale: float = 20.0) -> Tensor:
     return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
 
 
-def sbert_softmax_loss(u: Tensor, v: Tensor, labels: Tensor, classifier: torch.nn.Module) -> Tensor:
-    """Sentence-BERT's classification objective (spec §4.1 baseline): cross-entropy of
-    ``classifier([u; v; |u - v|])`` against the pair's class; at test time only the cosine of ``u``, ``v`` is used."""
-    logits = classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
-    return torch.nn.functional.cross_entropy(logits.float(), labels)
+class SoftmaxLoss(torch.nn.Module):
+    """Sentence-BERT's classification objective (spec §4.1 baseline; sentence-transformers' ``SoftmaxLoss``):
+    cross-entropy of ``classifier([u; v; |u - v|])`` against the pair's class. The classifier is a training-only
+    weight that this loss owns: at test time only the cosine of ``u`` and ``v`` is used."""
+
+    def __init__(self, hidden_size: int, num_classes: int) -> None:
+        super().__init__()
+        self.classifier = torch.nn.Linear(3 * hidden_size, num_classes)
+
+    def forward(self, u: Tensor, v: Tensor, labels: Tensor) -> Tensor:
+        logits = self.classifier(torch.cat([u, v, (u - v).abs()], dim=-1))
+        return torch.nn.functional.cross_entropy(logits.float(), labels)
 
 
 def cosine_mse_loss(cos: Tensor, targets: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ from zhie.spans import Span
 SpanLike = Span | tuple[int, int, str]
 
 
-def _prf(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
+def prf(tp: int, n_pred: int, n_gold: int) -> dict[str, float]:
     precision = tp / n_pred if n_pred else 0.0
     recall = tp / n_gold if n_gold else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
@@ -55,9 +55,9 @@ def span_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLik
         tp.update(label for _, _, label in g & p)
     per_type = {}
     for label in sorted(n_gold.keys() | n_pred.keys()):
-        per_type[label] = {**_prf(tp[label], n_pred[label], n_gold[label]), "support": n_gold[label]}
+        per_type[label] = {**prf(tp[label], n_pred[label], n_gold[label]), "support": n_gold[label]}
     return {
-        "micro": _prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values())),
+        "micro": prf(sum(tp.values()), sum(n_pred.values()), sum(n_gold.values())),
         "per_type": per_type,
         "n_gold": sum(n_gold.values()),
         "n_pred": sum(n_pred.values()),
@@ -84,7 +84,7 @@ def segmentation_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence
                 iv, iv_hit = iv + 1, iv_hit + hit
             else:
                 oov, oov_hit = oov + 1, oov_hit + hit
-    return {**_prf(tp, n_pred, n_gold), "oov_recall": oov_hit / oov if oov else 0.0,
+    return {**prf(tp, n_pred, n_gold), "oov_recall": oov_hit / oov if oov else 0.0,
             "iv_recall": iv_hit / iv if iv else 0.0, "n_gold": n_gold, "n_pred": n_pred, "n_oov": oov}
 
 

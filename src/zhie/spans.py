@@ -42,8 +42,10 @@ def _check_scheme(scheme: str) -> str:
     return name
 
 
-def _parse_tag(tag: str, scheme: str) -> tuple[str, str]:
-    """Split a tag into (prefix, label), with BMES's "M" read as "I" and labels of BMES words ""."""
+def parse_tag(tag: str, scheme: str) -> tuple[str, str]:
+    """Split a tag of ``scheme`` (a name :func:`tags_to_spans` accepts) into ``(prefix, label)``: ``"B-PER"`` ->
+    ``("B", "PER")``, ``"O"`` -> ``("O", "")``; BMES's bare tags have label ``""`` and its "M" is read as "I"."""
+    scheme = _check_scheme(scheme)
     if scheme == "BMES":
         if tag not in ("B", "M", "E", "S"):
             raise ValueError(f"malformed BMES tag {tag!r}: expected one of 'B', 'M', 'E', 'S'")
@@ -79,7 +81,7 @@ def tags_to_spans(tags: Sequence[str], scheme: str = "BIO") -> list[tuple[int, i
     spans: list[tuple[int, int, str]] = []
     start, prev_prefix, prev_label = -1, "O", ""
     for i, tag in enumerate(tags):
-        prefix, label = _parse_tag(tag, scheme)
+        prefix, label = parse_tag(tag, scheme)
         continues = prefix in "IE" and prev_prefix in "BI" and label == prev_label
         if not continues:
             if start >= 0:

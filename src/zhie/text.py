@@ -147,31 +147,45 @@ def _first_id(tokenizer, *attrs: str) -> int:
     raise ValueError(f"tokenizer has none of {attrs}")
 
 
-def windows(n_tokens: int, size: int, stride: int) -> Iterator[tuple[int, int]]:
-    """Token ranges ``[a, b)`` of at most ``size`` tokens covering ``range(n_tokens)``.
-
-    Consecutive windows overlap by ``stride`` tokens, so an entity near a cut is whole in one of them.
-    """
-    if size <= 0 or not 0 <= stride < size:
-        raise ValueError(f"need size > 0 and 0 <= stride < size (size={size}, stride={stride})")
-    start = 0
+def windows(n_tokens: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Token ranges ``[a, b)`` of at most ``size`` tokens covering ``range(n_tokens)``, consecutive ones
+    overlapping by ``overlap`` tokens (one empty-free window ``(0, n_tokens)`` when the text fits)."""
+    if size <= 0 or not 0 <= overlap < size:
+        raise ValueError(f"need size > 0 and 0 <= overlap < size (size={size}, overlap={overlap})")
+    out, start = [], 0
     while True:
         end = min(start + size, n_tokens)
-        yield start, end
+        out.append((start, end))
         if end >= n_tokens:
-            return
-        start = end - stride
+            return out
+        start = end - overlap
 
 
-def owns(window: tuple[int, int], span_start: int, n_tokens: int, stride: int) -> bool:
-    """Whether the span starting at token ``span_start`` is reported by ``window`` (from :func:`windows`).
+def reporting_window(windows: list[tuple[int, int]], start: int, end: int, *, cut_at_right_edge: bool = False
+                     ) -> int | None:
+    """The index of the one window of ``windows`` (from :func:`windows`) that reports the span of tokens
+    ``[start, end)``, or None.
 
-    Each overlap is cut in half: a window reports the spans that start between the middle of its overlap
-    with the previous window and the middle of its overlap with the next, so each span is reported once,
-    by the window that sees the most context before it. Spans up to ``stride // 2`` tokens long are always
-    whole in their window.
+    A span is reported by a window that contains it whole, the one where it is most central: the largest distance
+    from the span to the window's inner edges (an edge that is also the text's edge is no edge), the earlier
+    window on a tie. ``cut_at_right_edge=True`` is for taggers, which see a span that crosses a window's right
+    edge as one that ends there: a span ending at the right edge of a window that is not the last is then never
+    reported by that window.
+
+    Consequences, for every head (tested as a property in ``tests/test_windows.py``): a span of at most
+    ``overlap`` tokens is whole in some window and reported exactly once; a span found in a window that sees only
+    part of it is reported only when no window sees more of it. A span longer than the overlap may be whole in no
+    window: the span heads (GP, EGP, GPLinker) then cannot find it at all, and a tagger reports only the part of
+    it that lies in the later window (the part in the earlier window ends at that window's right edge).
     """
-    a, b = window
-    left = a + stride // 2 if a > 0 else 0
-    right = b - stride + stride // 2 if b < n_tokens else n_tokens
-    return left <= span_start < right
+    n = windows[-1][1]
+    best, best_margin = None, -1
+    for i, (a, b) in enumerate(windows):
+        if not a <= start < end <= b:
+            continue
+        if cut_at_right_edge and end == b < n:
+            continue
+        margin = min(start - a if a > 0 else n, b - end if b < n else n)
+        if margin > best_margin:
+            best, best_margin = i, margin
+    return best

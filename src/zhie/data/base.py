@@ -47,3 +47,20 @@ def json_line(path: PathLike, lineno: int, line: str) -> dict:
     if not isinstance(record, dict):
         raise DataError(path, lineno, f"expected a JSON object, got {type(record).__name__}")
     return record
+
+
+def read_texts(path: PathLike) -> list[str]:
+    """One text per line, or JSON lines with a string field "text" (blank lines skipped); bad lines raise
+    :class:`DataError`."""
+    texts = []
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            record = json_line(path, lineno, line)
+            if not isinstance(record.get("text"), str):
+                raise DataError(path, lineno, "a JSON line needs a string field 'text'")
+            texts.append(record["text"])
+        else:
+            texts.append(line)
+    return texts

@@ -10,14 +10,20 @@ and ``log_likelihood = score(y) - log Z``. Sequences are right-padded: ``mask[:,
 padded steps carry the forward/Viterbi state unchanged. Everything runs in fp32 and is batched in torch;
 the only python loop is over time steps.
 
-Larger learning rate for the transitions (spec §8.1): put :meth:`CRF.transition_parameters` in their own
-optimizer param group with ``lr * multiplier`` (with Adam this equals bert4keras's re-parametrisation).
+Larger learning rate for the transitions (spec §8.1): the module carries its multiplier (``lr_multiplier``) and
+says which of its parameters it applies to (:meth:`CRF.lr_multipliers`); :func:`zhie.training.build_param_groups`
+puts them in their own group with ``lr * multiplier`` and no weight decay, whatever module holds the CRF. With Adam
+this equals bert4keras's re-parametrisation (store ``T / m``, use ``m * T``): Adam's step does not depend on the
+gradient's scale, so the step on ``T / m`` is that of ``T`` at ``lr``, i.e. ``T`` moves ``m`` times as far;
+unlike the re-parametrisation it leaves the gradient norm (and so clipping) unchanged.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from zhie.spans import parse_tag
 
 __all__ = ["CRF", "bio_allowed_transitions", "bmes_allowed_transitions"]
 
@@ -33,16 +39,20 @@ class CRF(nn.Module):
         num_tags: number of tags ``L``.
         start_end_transitions: learn start/end score vectors as pytorch-crf does (bert4keras has none;
             with ``False`` they are absent and count as zero).
+        lr_multiplier: the transition tensors learn at the base learning rate times this (spec §8: >= 100).
 
     Parameters: ``transitions [L, L]`` (glorot-uniform init, as bert4keras, spec §8.1) and, if enabled,
     ``start_transitions [L]`` / ``end_transitions [L]`` (zero init).
     """
 
-    def __init__(self, num_tags: int, start_end_transitions: bool = True) -> None:
+    def __init__(self, num_tags: int, start_end_transitions: bool = True, lr_multiplier: float = 100.0) -> None:
         super().__init__()
         if num_tags <= 0:
             raise ValueError(f"num_tags must be positive, got {num_tags}")
+        if lr_multiplier <= 0:
+            raise ValueError(f"lr_multiplier must be > 0, got {lr_multiplier}")
         self.num_tags = num_tags
+        self.lr_multiplier = float(lr_multiplier)
         self.transitions = nn.Parameter(torch.empty(num_tags, num_tags))
         if start_end_transitions:
             self.start_transitions = nn.Parameter(torch.zeros(num_tags))
@@ -58,15 +68,14 @@ class CRF(nn.Module):
             nn.init.zeros_(self.start_transitions)
             nn.init.zeros_(self.end_transitions)
 
-    def transition_parameters(self) -> list[nn.Parameter]:
-        """The transition tensors, for their own optimizer param group (lr x multiplier, spec §8.1)."""
-        params = [self.transitions]
-        if self.start_transitions is not None:
-            params += [self.start_transitions, self.end_transitions]
-        return params
+    def lr_multipliers(self) -> dict[str, float]:
+        """``{name of own parameter: learning-rate multiplier}``: every transition tensor at ``lr_multiplier``
+        (read by :func:`zhie.training.build_param_groups`, spec §8.1)."""
+        return {name: self.lr_multiplier for name, _ in self.named_parameters(recurse=False)}
 
     def extra_repr(self) -> str:
-        return f"num_tags={self.num_tags}, start_end_transitions={self.start_transitions is not None}"
+        return (f"num_tags={self.num_tags}, start_end_transitions={self.start_transitions is not None}, "
+                f"lr_multiplier={self.lr_multiplier:g}")
 
     # ------------------------------------------------------------------------------------------------
     # checks
@@ -171,17 +180,6 @@ class CRF(nn.Module):
         tags = torch.stack(path[::-1], dim=1)
         return tags.masked_fill(~mask, -1), best_score
 
-    def decode(self, emissions: Tensor, mask: Tensor | None = None, allowed: Tensor | None = None,
-               allowed_start: Tensor | None = None, allowed_end: Tensor | None = None) -> list[list[int]]:
-        """Best tag path of each sequence, as a list of ``length_i`` tag ids (like pytorch-crf's decode).
-
-        See :meth:`viterbi` for the constraint arguments; the work is batched, the result is converted to
-        python lists once at the end.
-        """
-        tags, _ = self.viterbi(emissions, mask, allowed, allowed_start, allowed_end)
-        lengths = (tags >= 0).sum(1).tolist()
-        return [row[:k] for row, k in zip(tags.tolist(), lengths, strict=True)]
-
     def _bool(self, t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
@@ -191,18 +189,6 @@ class CRF(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 # transition constraints
 # ----------------------------------------------------------------------------------------------------
-def _split(label: str, prefixes: str) -> tuple[str, str]:
-    if label == "O":
-        return "O", ""
-    if len(label) == 1 and label in prefixes:
-        return label, ""
-    prefix, sep, typ = label.partition("-")
-    if sep and typ and len(prefix) == 1 and prefix in prefixes:
-        return prefix, typ
-    expected = ", ".join(f"'{p}-TYPE'" for p in prefixes)
-    raise ValueError(f"cannot read tag {label!r}: expected 'O', {expected} or a bare prefix")
-
-
 def bio_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
     """Constraints of the BIO scheme for ``labels`` (tag id -> name, e.g. ``["O", "B-PER", "I-PER"]``).
 
@@ -210,7 +196,7 @@ def bio_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
     or ``I-X`` (so ``O -> I-X`` and ``B-X/I-X -> I-Y``, ``Y != X``, are forbidden) and a sequence may not
     start with ``I-X``; every tag may end a sequence.
     """
-    parsed = [_split(label, "BI") for label in labels]
+    parsed = [parse_tag(label, "BIO") for label in labels]
     L = len(labels)
     allowed = torch.ones(L, L, dtype=torch.bool)
     for j, (pj, tj) in enumerate(parsed):
@@ -231,7 +217,8 @@ def bmes_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]
     sequence may not start with ``M``/``E`` nor end with ``B``/``M``.
     Returns bool ``(allowed [L, L], allowed_start [L], allowed_end [L])``.
     """
-    parsed = [(("M" if p == "I" else p), t) for p, t in (_split(label, "BMESI") for label in labels)]
+    scheme = "BMES" if all(len(label) == 1 and label != "O" for label in labels) else "BIOES"
+    parsed = [(("M" if p == "I" else p), t) for p, t in (parse_tag(label, scheme) for label in labels)]
     L = len(labels)
     allowed = torch.zeros(L, L, dtype=torch.bool)
     for i, (pi, ti) in enumerate(parsed):

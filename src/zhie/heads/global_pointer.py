@@ -4,53 +4,21 @@ Both heads map encoder states ``[batch, seq, hidden]`` to span logits ``[batch, 
 ``logits[b, a, i, j]`` scores tokens ``i..j`` (inclusive, token indices counted with ``[CLS]`` at 0) as
 an entity of type ``a`` (or, without the triangle mask, the token pair ``(i, j)`` for GPLinker's linking
 heads, spec §3.1). A cell is predicted when its logit is > 0. Both heads share one masking helper,
-:func:`mask_span_logits`.
+:func:`zhie.heads.masking.mask_span_logits`. :class:`GPLinkerHead` is GPLinker's three of them (spec §3.1).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from zhie.heads.masking import content_mask, mask_span_logits
 from zhie.heads.rope import apply_rope
 
-__all__ = ["EfficientGlobalPointer", "GlobalPointer", "mask_span_logits", "masking_value"]
-
-
-def masking_value(dtype: torch.dtype) -> float:
-    """The logit given to masked cells: ``max(-1e12, torch.finfo(dtype).min / 2)``.
-
-    * fp32 / fp64 / bf16: ``-1e12``, the value of bert4keras 0.10.6 (the version behind the published GP
-      numbers, spec §1.3) - far below any real logit, so ``exp`` of it is exactly 0 in fp32.
-    * fp16: ``-32752`` (half of the most negative fp16), because ``-1e12`` would overflow to ``-inf``; the
-      halving leaves head-room so that adding a bounded term later does not overflow either.
-
-    The value is finite on purpose: ``-inf`` cells make ``logsumexp`` gradients NaN when a whole row is
-    masked. :mod:`zhie.losses` treats every logit ``<= -1e4`` as masked.
-    """
-    return max(-1e12, torch.finfo(dtype).min / 2)
-
-
-def mask_span_logits(logits: Tensor, attention_mask: Tensor | None = None, tril_mask: bool = True) -> Tensor:
-    """Mask span logits ``[batch, heads, seq, seq]`` (spec §1.3); returns a new tensor.
-
-    * padding: rows ``i`` and columns ``j`` whose ``attention_mask`` is 0 get :func:`masking_value`;
-    * ``tril_mask``: cells strictly below the diagonal (``j < i``) are masked too; the diagonal
-      (single-token spans) is kept.
-    """
-    n = logits.shape[-1]
-    keep = None
-    if attention_mask is not None:
-        m = attention_mask.to(device=logits.device, dtype=torch.bool)
-        keep = m[:, None, :, None] & m[:, None, None, :]
-    if tril_mask:
-        upper = torch.ones(n, n, dtype=torch.bool, device=logits.device).triu()
-        keep = upper if keep is None else keep & upper
-    if keep is None:
-        return logits
-    return logits.masked_fill(~keep, masking_value(logits.dtype))
+__all__ = ["EfficientGlobalPointer", "GPLinkerHead", "GlobalPointer", "RelationLogits"]
 
 
 def _glorot_uniform_(weight: Tensor) -> None:
@@ -65,7 +33,30 @@ def _lecun_normal_(weight: Tensor) -> None:
     nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-2 * std, b=2 * std)
 
 
-class GlobalPointer(nn.Module):
+class _SpanScorer(nn.Module):
+    """What GlobalPointer and Efficient GlobalPointer share: their arguments and masks."""
+
+    def __init__(self, hidden_size: int, heads: int, head_size: int, rope: bool, tril_mask: bool,
+                 mask_special: bool) -> None:
+        super().__init__()
+        if rope and head_size % 2:
+            raise ValueError(f"RoPE needs an even head_size, got {head_size}")
+        self.hidden_size = hidden_size
+        self.heads = heads
+        self.head_size = head_size
+        self.rope = rope
+        self.tril_mask = tril_mask
+        self.mask_special = mask_special
+
+    def _mask(self, attention_mask: Tensor | None) -> Tensor | None:
+        return content_mask(attention_mask) if self.mask_special and attention_mask is not None else attention_mask
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, heads={self.heads}, head_size={self.head_size}, "
+                f"rope={self.rope}, tril_mask={self.tril_mask}, mask_special={self.mask_special}")
+
+
+class GlobalPointer(_SpanScorer):
     """GlobalPointer: one attention-logit head (no V) per entity type, spec §1.2.
 
     ``s_a(i, j) = (R_i q_{i,a}) . (R_j k_{j,a}) / sqrt(d)`` with ``[q_a; k_a] = W_a h + b_a``.
@@ -81,18 +72,13 @@ class GlobalPointer(nn.Module):
         head_size: ``d``; 64 in every published run.
         rope: rotate q and k (off for GPLinker's linking heads).
         tril_mask: mask ``j < i`` (off for GPLinker's linking heads).
+        mask_special: also mask the rows and columns of ``[CLS]`` (position 0) and ``[SEP]`` (the last position
+            of ``attention_mask``), so that only spans of content tokens are scored (NER, GPLinker).
     """
 
     def __init__(self, hidden_size: int, heads: int, head_size: int = 64, rope: bool = True,
-                 tril_mask: bool = True) -> None:
-        super().__init__()
-        if rope and head_size % 2:
-            raise ValueError(f"RoPE needs an even head_size, got {head_size}")
-        self.hidden_size = hidden_size
-        self.heads = heads
-        self.head_size = head_size
-        self.rope = rope
-        self.tril_mask = tril_mask
+                 tril_mask: bool = True, mask_special: bool = False) -> None:
+        super().__init__(hidden_size, heads, head_size, rope, tril_mask, mask_special)
         self.dense = nn.Linear(hidden_size, heads * head_size * 2)
         self.reset_parameters()
 
@@ -108,14 +94,10 @@ class GlobalPointer(nn.Module):
         if self.rope:
             q, k = apply_rope(q), apply_rope(k)
         logits = torch.einsum("bmhd,bnhd->bhmn", q, k) / math.sqrt(self.head_size)
-        return mask_span_logits(logits, attention_mask, self.tril_mask)
-
-    def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, heads={self.heads}, head_size={self.head_size}, "
-                f"rope={self.rope}, tril_mask={self.tril_mask}")
+        return mask_span_logits(logits, self._mask(attention_mask), self.tril_mask)
 
 
-class EfficientGlobalPointer(nn.Module):
+class EfficientGlobalPointer(_SpanScorer):
     """Efficient GlobalPointer, spec §2: a shared extraction score plus a per-type linear bias.
 
     ``s_a(i, j) = (R_i q_i) . (R_j k_j) / sqrt(d) + c_{2a+1}(i) + c_{2a}(j)``, where (bert4keras layout, §2.2)
@@ -130,15 +112,8 @@ class EfficientGlobalPointer(nn.Module):
     """
 
     def __init__(self, hidden_size: int, heads: int, head_size: int = 64, rope: bool = True,
-                 tril_mask: bool = True) -> None:
-        super().__init__()
-        if rope and head_size % 2:
-            raise ValueError(f"RoPE needs an even head_size, got {head_size}")
-        self.hidden_size = hidden_size
-        self.heads = heads
-        self.head_size = head_size
-        self.rope = rope
-        self.tril_mask = tril_mask
+                 tril_mask: bool = True, mask_special: bool = False) -> None:
+        super().__init__(hidden_size, heads, head_size, rope, tril_mask, mask_special)
         self.dense = nn.Linear(hidden_size, 2 * head_size)
         self.bias_dense = nn.Linear(2 * head_size, 2 * heads)
         self.reset_parameters()
@@ -159,8 +134,34 @@ class EfficientGlobalPointer(nn.Module):
         start = c[..., 1::2].transpose(1, 2).unsqueeze(-1)  # [b, heads, n, 1]: row term c_{2a+1}(i)
         end = c[..., 0::2].transpose(1, 2).unsqueeze(-2)  # [b, heads, 1, n]: column term c_{2a}(j)
         logits = base.unsqueeze(1) + start + end
-        return mask_span_logits(logits, attention_mask, self.tril_mask)
+        return mask_span_logits(logits, self._mask(attention_mask), self.tril_mask)
 
-    def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, heads={self.heads}, head_size={self.head_size}, "
-                f"rope={self.rope}, tril_mask={self.tril_mask}")
+
+@dataclass
+class RelationLogits:
+    """GPLinker's masked logits: ``entity [b, 2, n, n]`` (0 = subject, 1 = object; cell (start, end)),
+    ``head_head`` and ``tail_tail [b, predicates, n, n]`` (cells (subject start, object start) and (subject end,
+    object end))."""
+
+    entity: Tensor
+    head_head: Tensor
+    tail_tail: Tensor
+
+
+class GPLinkerHead(nn.Module):
+    """GPLinker (spec §3.1): three (Efficient) GlobalPointers on the encoder output, content tokens only.
+
+    ``entity``: 2 heads with RoPE and the lower-triangle mask; ``head_head`` and ``tail_tail``: one head per
+    predicate, no RoPE, no triangle mask. ``efficient`` picks :class:`EfficientGlobalPointer` for all three.
+    """
+
+    def __init__(self, hidden_size: int, predicates: int, head_size: int = 64, efficient: bool = True) -> None:
+        super().__init__()
+        cls = EfficientGlobalPointer if efficient else GlobalPointer
+        self.entity = cls(hidden_size, 2, head_size, rope=True, tril_mask=True, mask_special=True)
+        self.head_head = cls(hidden_size, predicates, head_size, rope=False, tril_mask=False, mask_special=True)
+        self.tail_tail = cls(hidden_size, predicates, head_size, rope=False, tril_mask=False, mask_special=True)
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor) -> RelationLogits:
+        return RelationLogits(self.entity(hidden, attention_mask), self.head_head(hidden, attention_mask),
+                              self.tail_tail(hidden, attention_mask))

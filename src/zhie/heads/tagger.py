@@ -1,15 +1,28 @@
-"""Softmax tagger: per-token logits from a linear layer, argmax decoding (the CRF-free baseline, spec §8.2)."""
+"""Tagging heads: per-token tag scores (emissions) from a linear layer, decoded by argmax (:class:`SoftmaxTagger`,
+the CRF-free baseline, spec §8.2) or by constrained Viterbi (:class:`CrfTagger`, spec §8).
+
+Both return the same output type from ``forward``: emissions ``[b, n, num_tags]``. Their ``loss(emissions, tags)``
+takes tag ids with ``-100`` on positions that carry no tag (special tokens, padding; right padding only for the
+CRF) and returns the mean loss in fp32; ``decode(emissions, mask)`` returns the best tag ids ``[b, n]`` with ``-1``
+on masked positions.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SoftmaxTagger"]
+from zhie.heads.crf import CRF, bio_allowed_transitions, bmes_allowed_transitions
+
+__all__ = ["CrfTagger", "SoftmaxTagger"]
+
+IGNORE = -100
+CONSTRAINTS = {"BIO": bio_allowed_transitions, "BMES": bmes_allowed_transitions}
 
 
 class SoftmaxTagger(nn.Module):
-    """``Dropout -> Linear(hidden_size, num_tags)``; train with token cross-entropy on the logits."""
+    """``Dropout -> Linear(hidden_size, num_tags)``, trained with token cross-entropy, decoded by argmax."""
 
     def __init__(self, hidden_size: int, num_tags: int, dropout: float = 0.0) -> None:
         super().__init__()
@@ -17,16 +30,44 @@ class SoftmaxTagger(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.dense = nn.Linear(hidden_size, num_tags)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """``hidden [b, n, D]`` -> logits ``[b, n, num_tags]``."""
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """``hidden [b, n, D]`` -> emissions ``[b, n, num_tags]`` (``attention_mask`` is not needed)."""
         return self.dense(self.dropout(hidden))
 
+    def loss(self, emissions: Tensor, tags: Tensor) -> Tensor:
+        """Mean cross-entropy over the positions whose tag is not ``-100``."""
+        return F.cross_entropy(emissions.float().transpose(1, 2), tags, ignore_index=IGNORE)
+
     @torch.no_grad()
-    def decode(self, logits: Tensor, mask: Tensor | None = None) -> list[list[int]]:
-        """Argmax tag of each unmasked token, as a list of ``length_i`` tag ids per sequence (right padding),
-        the same return type as :meth:`zhie.heads.CRF.decode`."""
-        tags = logits.argmax(-1)
-        if mask is None:
-            return tags.tolist()
-        lengths = mask.to(torch.long).sum(1).tolist()
-        return [row[:k] for row, k in zip(tags.tolist(), lengths, strict=True)]
+    def decode(self, emissions: Tensor, mask: Tensor) -> Tensor:
+        """The argmax tag of each position, ``-1`` where ``mask`` is 0."""
+        return emissions.argmax(-1).masked_fill(~mask.bool(), -1)
+
+
+class CrfTagger(SoftmaxTagger):
+    """Emissions as :class:`SoftmaxTagger`, plus a :class:`CRF` over ``tags`` (names, e.g. ``["O", "B-PER",
+    "I-PER"]`` or ``["S", "B", "M", "E"]``) whose Viterbi only follows the paths ``scheme`` ("BIO" or "BMES")
+    allows. The transitions learn at ``lr_multiplier`` times the base learning rate (spec §8.1)."""
+
+    def __init__(self, hidden_size: int, tags: list[str], scheme: str = "BIO", dropout: float = 0.0,
+                 lr_multiplier: float = 100.0) -> None:
+        super().__init__(hidden_size, len(tags), dropout)
+        if scheme not in CONSTRAINTS:
+            raise ValueError(f"unknown tagging scheme {scheme!r} for the CRF; use {' or '.join(CONSTRAINTS)}")
+        self.crf = CRF(len(tags), lr_multiplier=lr_multiplier)
+        allowed, start, end = CONSTRAINTS[scheme](tags)
+        self.register_buffer("allowed", allowed, persistent=False)
+        self.register_buffer("allowed_start", start, persistent=False)
+        self.register_buffer("allowed_end", end, persistent=False)
+
+    def loss(self, emissions: Tensor, tags: Tensor) -> Tensor:
+        """Mean negative log-likelihood of the tag paths; positions tagged ``-100`` must be at the right end."""
+        mask = tags != IGNORE
+        return -self.crf.log_likelihood(emissions, tags.clamp(min=0), mask).mean()
+
+    @torch.no_grad()
+    def decode(self, emissions: Tensor, mask: Tensor) -> Tensor:
+        """Constrained batched Viterbi; ``-1`` where ``mask`` is 0."""
+        paths, _ = self.crf.viterbi(emissions, mask, allowed=self.allowed, allowed_start=self.allowed_start,
+                                    allowed_end=self.allowed_end)
+        return paths

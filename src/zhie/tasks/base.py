@@ -1,30 +1,43 @@
-"""What every task shares: model directories on disk, padding, length-sorted prediction batches."""
+"""The task protocol, and what every task shares: model directories on disk, padding, windows, evaluation.
+
+A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:`zhie.tasks` finds it, and the CLI,
+:func:`zhie.fit` and :func:`zhie.load` use it through that registry.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-import zhie
 from zhie.encoders import WeightsMismatchError, quiet_transformers
 from zhie.files import replace_dir
+from zhie.model import Model
+from zhie.text import Encoding, TextTokenizer, reporting_window, windows
+from zhie.version import __version__
 
 META_FILE = "zhie.json"
 HEAD_FILE = "head.safetensors"
+MODEL_FORMAT = 2  # 1: zhie 0.1.0 before the task protocol (one model class per task); 2: encoder + named heads
 
 
-def save_model_dir(out: str | os.PathLike, model: nn.Module, tokenizer, meta: dict) -> Path:
-    """Write ``model`` (with an ``encoder`` attribute) as an HF-style directory, atomically.
+# ------------------------------------------------------------------------------------------------- model directories
+def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict) -> Path:
+    """Write ``model`` as an HF-style directory, atomically.
 
-    The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also
-    a plain fine-tuned encoder for transformers), ``head.safetensors`` with every other weight, and
-    ``zhie.json`` (task, labels, head and its hyper-parameters, zhie version).
+    The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also a plain
+    fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``), and
+    ``zhie.json`` (task, its configuration, model format, zhie version).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -36,7 +49,8 @@ def save_model_dir(out: str | os.PathLike, model: nn.Module, tokenizer, meta: di
         head = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
                 if not k.startswith("encoder.")}
         save_file(head, str(tmp / HEAD_FILE), metadata={"format": "pt"})
-        meta_text = json.dumps({**meta, "zhie_version": zhie.__version__}, ensure_ascii=False, indent=2)
+        meta_text = json.dumps({**meta, "format": MODEL_FORMAT, "zhie_version": __version__}, ensure_ascii=False,
+                               indent=2)
         (tmp / META_FILE).write_text(meta_text, encoding="utf-8")
         tmp.chmod(0o755)
 
@@ -52,26 +66,14 @@ def resolve_model_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def read_meta(path: str | os.PathLike, task: str | None = None) -> dict:
+def read_meta(path: str | os.PathLike) -> dict:
     file = resolve_model_dir(path) / META_FILE
     if not file.exists():
         raise FileNotFoundError(f"{path}: no {META_FILE}; is this a model directory written by `zhie train`?")
-    meta = json.loads(file.read_text(encoding="utf-8"))
-    if task is not None and meta.get("task") != task:
-        raise ValueError(f"{path} holds a {meta.get('task')!r} model, not {task!r}")
-    return meta
+    return json.loads(file.read_text(encoding="utf-8"))
 
 
-def load_head_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    """Load ``head.safetensors`` into the non-encoder part of ``model``; any mismatch is an error."""
-    weights = load_file(str(resolve_model_dir(path) / HEAD_FILE))
-    expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
-    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-    if missing or unexpected:
-        raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
-    model.load_state_dict(weights, strict=False)
-
-
+# ------------------------------------------------------------------------------------------------- tensors
 def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
     """Right-pad integer rows into a ``[len(rows), length]`` long tensor."""
     length = max((len(r) for r in rows), default=0) if length is None else length
@@ -79,6 +81,11 @@ def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) ->
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
     return out
+
+
+def model_inputs(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, Tensor]:
+    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask``."""
+    return {"input_ids": pad(rows, pad_id), "attention_mask": pad([[1] * len(r) for r in rows], 0)}
 
 
 def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> Tensor:
@@ -102,6 +109,19 @@ def sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int
         yield order[i : i + batch_size]
 
 
+def device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Run the block with torch's generator seeded with ``seed``, then give the caller's generator state back."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+# ------------------------------------------------------------------------------------------------- encoders
 # Characters kept when a large multilingual vocabulary is pruned for Chinese char-mode tasks.
 CJK_CHARSET = "".join(map(chr, [*range(0x4E00, 0xA000), *range(0x3400, 0x4DC0), *range(0x21, 0x7F),
                                  *range(0x3000, 0x3040), *range(0xFF01, 0xFF5F), *range(0x2010, 0x2060)]))
@@ -115,13 +135,9 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
     ``"cjk"`` keeps the tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character
     of ``texts``; ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000
     tokens (e5-small's 250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"``
-    otherwise.
-
-    On return torch's random generator is seeded with ``seed``, so the task heads built next start from the same
-    weights in every run with that seed.
+    otherwise. ``seed`` initialises the ``tiny`` encoder.
     """
     from zhie import encoders
-    from zhie.text import TextTokenizer
 
     model, tokenizer = encoders.load(name, texts=texts, seed=seed)
     if layers is not None:
@@ -134,31 +150,119 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
         chars = {c for text in texts for c in text} | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())
         tt = TextTokenizer(tokenizer, "char")
         model, tokenizer = encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
-    torch.manual_seed(seed)
     return model, tokenizer
 
 
-def device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
+# ------------------------------------------------------------------------------------------------- the protocol
 class Task:
-    """A task's configuration and tokenizer, saved with its model as one directory and loaded back.
+    """One task: its configuration, data, heads, loss, decoding, metrics, CLI flags and JSON output.
 
-    Subclasses set ``name``, ``config_class`` (a dataclass, stored in ``zhie.json``) and ``model_class``
-    (built as ``model_class(encoder, config)``, with the encoder as its ``encoder`` attribute).
+    A subclass, registered with :func:`zhie.tasks.register`, sets the class attributes and implements the methods
+    that raise ``NotImplementedError`` here; the rest have defaults. ``config`` is the subclass's dataclass (saved
+    in ``zhie.json``, with a ``mode`` of ``"char"`` or ``"subword"``), ``tokenizer`` the encoder's tokenizer.
+
+    Training (:func:`zhie.fit`): ``read`` -> ``configure`` -> encoder -> ``build_heads`` -> ``encode`` ->
+    ``collate`` / ``objective`` in the loop, :class:`Evaluator` (``evaluate`` -> ``score`` -> ``summary``) after
+    each epoch, ``save``. Prediction (:func:`zhie.load`): ``load`` -> ``predict`` -> ``to_json``.
     """
 
-    name: str
-    config_class: type
-    model_class: type
+    name: ClassVar[str]                    # `zhie train NAME`, "task" in zhie.json
+    aliases: ClassVar[tuple[str, ...]] = ()
+    help: ClassVar[str] = ""               # one line for `zhie train --help`
+    config_class: ClassVar[type]
+    output_key: ClassVar[str]              # the key of a prediction in `zhie predict`'s JSON lines
+    metric: ClassVar[str] = "f1"           # what the best model maximises
+    group_by_length: ClassVar[bool] = True  # training batches of similar lengths (items have ``ids``)
+    pipeline_class: ClassVar[type]         # what zhie.load returns (set below for the base)
 
-    def __init__(self, config, tokenizer):
+    def __init__(self, config, tokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self.stats: dict[str, Any] = {}
 
-    def save(self, model: nn.Module, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **self.config.__dict__})
+    @property
+    def head_name(self) -> str:
+        """The name of this task's head in the :class:`zhie.model.Model`."""
+        return self.name
+
+    # ---------------------------------------------------------------------------------------- data and config
+    @classmethod
+    def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
+        """The task's own flags of ``zhie train NAME``; their ``dest`` names are the keywords of ``configure``."""
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list:
+        raise NotImplementedError
+
+    @staticmethod
+    def texts(examples: list) -> list[str]:
+        """The texts of ``examples`` (they decide which tokens a pruned vocabulary keeps)."""
+        return [ex.text for ex in examples]
+
+    @classmethod
+    def configure(cls, examples: list, *, encoder: str, **options):
+        """The task's config from the training ``examples``, the encoder's name and the options (CLI flags)."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------- training
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def encode(self, examples: list) -> list:
+        """Training items (each with ``ids`` when ``group_by_length``); counts what was dropped in ``stats``."""
+        raise NotImplementedError
+
+    def collate(self, items: list) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def loss(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
+        return self.head_loss(model.heads[self.head_name], model(input_ids=batch["input_ids"],
+                              attention_mask=batch["attention_mask"])[self.head_name], batch)
+
+    def head_loss(self, head: nn.Module, output: Any, batch: dict[str, Tensor]) -> Tensor:
+        """The loss of this task's head given its output on ``batch``."""
+        raise NotImplementedError
+
+    def objective(self, hidden_size: int):
+        """What the training loop minimises: ``objective(model, batch) -> scalar``; an ``nn.Module`` when the loss
+        has weights of its own (trained, but not saved with the model)."""
+        return self.loss
+
+    # ---------------------------------------------------------------------------------------- prediction, metrics
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32) -> list:
+        raise NotImplementedError
+
+    def to_json(self, prediction) -> object:
+        """One text's prediction as JSON (the value under ``output_key``)."""
+        return [x.to_dict() for x in prediction]
+
+    def score(self, examples: list, predictions: list) -> dict:
+        raise NotImplementedError
+
+    def evaluate(self, model: Model, examples: list, batch_size: int = 32) -> dict:
+        return self.score(examples, self.predict(model, self.texts(examples), batch_size))
+
+    def summary(self, metrics: dict) -> dict[str, float]:
+        """The numbers of ``metrics`` logged after each epoch (``metric`` among them): its top-level floats."""
+        return {k: v for k, v in metrics.items() if isinstance(v, float)}
+
+    def report(self, metrics: dict) -> str:
+        """What ``zhie eval`` prints."""
+        return json.dumps(metrics, ensure_ascii=False)
+
+    @classmethod
+    def add_commands(cls, commands: argparse._SubParsersAction) -> None:
+        """Commands of the task's own (``zhie segment``, ``zhie embed``); each sets ``handler=function(args)``."""
+
+    # ---------------------------------------------------------------------------------------- saving, loading
+    def save(self, model: Model, out: Path) -> Path:
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **asdict(self.config)})
+
+    @classmethod
+    def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
+        """``zhie.json`` and head weights of a format-1 directory (before the task protocol) in today's names."""
+        raise ValueError(f"this {cls.name} model directory was written by zhie before 0.1.0's task protocol and "
+                         "cannot be converted; train it again")
 
     @classmethod
     def load(cls, path: str | os.PathLike):
@@ -166,23 +270,96 @@ class Task:
         from zhie import encoders
 
         path = resolve_model_dir(path)
-        meta = read_meta(path, cls.name)
+        meta = read_meta(path)
+        weights = load_file(str(path / HEAD_FILE))
+        if meta.get("format", 1) < MODEL_FORMAT:
+            meta, weights = cls.upgrade(meta, weights)
         fields = cls.config_class.__dataclass_fields__
         config = cls.config_class(**{k: v for k, v in meta.items() if k in fields})
         encoder, tokenizer = encoders.load_pretrained(path)
-        model = cls.model_class(encoder, config)
-        load_head_weights(model, path)
+        task = cls(config, tokenizer)
+        model = Model(encoder, task.build_heads(encoder.config.hidden_size))
+        expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
+        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
+        if missing or unexpected:
+            raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
+        model.load_state_dict(weights, strict=False)
         model.eval()
-        return cls(config, tokenizer), model
+        return task, model
 
 
+def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
+                     batch_size: int = 32) -> argparse.ArgumentParser:
+    """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
+    checks that it is a ``task`` model, reads the texts and calls ``handler(pipeline, texts, args)``."""
+    p = commands.add_parser(name, help=help)
+    p.add_argument("model", help="model directory (or a run directory with best/)")
+    p.add_argument("texts", nargs="*", help="texts (or use --input)")
+    p.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.set_defaults(task_command=(task, handler))
+    return p
+
+
+def rename_weights(weights: dict[str, Tensor], renames: dict[str, str | None]) -> dict[str, Tensor]:
+    """Weights with each name's prefix in ``renames`` replaced (``None``: the weight is dropped)."""
+    out = {}
+    for name, value in weights.items():
+        prefix = next((p for p in renames if name.startswith(p)), None)
+        if prefix is None:
+            out[name] = value
+        elif renames[prefix] is not None:
+            out[renames[prefix] + name[len(prefix):]] = value
+    return out
+
+
+@dataclass
+class Evaluator:
+    """Scores a model on a labelled set: ``evaluator(model) -> summary`` (the loop's after-epoch evaluation)."""
+
+    task: Task
+    examples: list
+    batch_size: int = 32
+
+    @property
+    def metric(self) -> str:
+        return self.task.metric
+
+    def __call__(self, model: Model) -> dict[str, float]:
+        return self.task.summary(self.task.evaluate(model, self.examples, self.batch_size))
+
+
+class Pipeline:
+    """A trained model and its task: ``zhie.load(DIR).predict(texts)``; on the GPU if there is one."""
+
+    def __init__(self, task: Task, model: Model, device: str | None = None) -> None:
+        self.task, self.model = task, model
+        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    def predict(self, texts: list[str] | str, batch_size: int = 32) -> list:
+        """One prediction per text, in input order (a single string counts as a list of one); the type of a
+        prediction is the task's (see its ``predict``)."""
+        return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size)
+
+    def evaluate(self, examples: list, batch_size: int = 32) -> dict:
+        return self.task.evaluate(self.model, examples, batch_size)
+
+
+Task.pipeline_class = Pipeline
+
+
+# ------------------------------------------------------------------------------------------------- windows
 class WindowedTask(Task):
-    """What the span tasks share: model inputs and windowed prediction (config has ``mode``, ``max_length`` and
-    ``stride``); subclasses implement ``decode(model, logits, attention_mask) -> one list of hits per row``."""
+    """What the span tasks share (config has ``mode``, ``max_length`` and ``overlap``): model inputs, windows over
+    long texts, and the rule that decides which window reports a hit (:func:`zhie.text.reporting_window`).
 
-    def __init__(self, config, tokenizer):
-        from zhie.text import TextTokenizer
+    Subclasses implement ``decode(model, outputs, attention_mask) -> one list of hits per row``; a hit has
+    ``extent``, its content tokens ``(start, end)`` (end exclusive) relative to its window.
+    """
 
+    cut_at_right_edge: bool = False  # taggers: a hit ending at a window's right edge may be a cut one
+
+    def __init__(self, config, tokenizer) -> None:
         super().__init__(config, tokenizer)
         self.text_tokenizer = TextTokenizer(tokenizer, config.mode)
 
@@ -190,44 +367,48 @@ class WindowedTask(Task):
     def window(self) -> tuple[int, int]:
         """(content tokens per window, overlap between windows)."""
         size = self.config.max_length - 2
-        return size, min(self.config.stride, size - 1)
+        return size, min(self.config.overlap, size - 1)
 
     def collate_inputs(self, items) -> dict[str, Tensor]:
         """Items with ``ids`` (content tokens) -> ``input_ids`` with the special tokens and ``attention_mask``."""
         tt = self.text_tokenizer
-        return {"input_ids": pad([tt.model_input(it.ids) for it in items], tt.pad_id),
-                "attention_mask": pad([[1] * (len(it.ids) + 2) for it in items], 0)}
+        return model_inputs([tt.model_input(it.ids) for it in items], tt.pad_id)
+
+    def decode(self, model: Model, outputs: dict, attention_mask: Tensor) -> list[list]:
+        raise NotImplementedError
 
     @torch.no_grad()
-    def window_rows(self, model: nn.Module, texts: list[str], batch_size: int, timings: dict | None = None):
-        """Run the model over every window of every text, longest first; yield ``(text index, (a, b), encoding,
-        decoded row)`` where the row's token positions are relative to the window start ``a``.
+    def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
+                      ) -> Iterator[tuple[int, Encoding, int, Any]]:
+        """Run the model over every window of every text, longest first; yield ``(text index, encoding, window
+        start, hit)`` for each hit its window reports (so each once).
 
         ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
         """
-        import time
-        from types import SimpleNamespace
-
-        from zhie.text import windows
-
         model.eval()
         device = device_of(model)
-        size, stride = self.window
+        size, overlap = self.window
         encodings = [self.text_tokenizer(t) for t in texts]
-        jobs = [(i, w) for i, enc in enumerate(encodings) if len(enc) for w in windows(len(enc), size, stride)]
-        for batch_jobs in sorted_batches([b - a for _, (a, b) in jobs], batch_size):
-            batch = self.collate_inputs([SimpleNamespace(ids=encodings[jobs[j][0]].ids[slice(*jobs[j][1])])
-                                         for j in batch_jobs])
+        cuts = [windows(len(enc), size, overlap) if len(enc) else [] for enc in encodings]
+        jobs = [(i, w) for i, wins in enumerate(cuts) for w in range(len(wins))]
+        tt = self.text_tokenizer
+        for batch_jobs in sorted_batches([cuts[i][w][1] - cuts[i][w][0] for i, w in jobs], batch_size):
+            rows = [tt.model_input(encodings[i].ids[slice(*cuts[i][w])]) for i, w in (jobs[j] for j in batch_jobs)]
+            batch = model_inputs(rows, tt.pad_id)
             mask = batch["attention_mask"].to(device)
             t0 = time.perf_counter()
-            logits = model(input_ids=batch["input_ids"].to(device), attention_mask=mask)
+            outputs = model(input_ids=batch["input_ids"].to(device), attention_mask=mask)
             if timings is not None and device.type == "cuda":
                 torch.cuda.synchronize()  # else the model's queued kernels are timed as decoding
             t1 = time.perf_counter()
-            rows = self.decode(model, logits, mask)
+            decoded = self.decode(model, outputs, mask)
             if timings is not None:
                 timings["model_s"] = timings.get("model_s", 0.0) + t1 - t0
                 timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
-            for j, row in zip(batch_jobs, rows):
-                i, window = jobs[j]
-                yield i, window, encodings[i], row
+            for j, row in zip(batch_jobs, decoded):
+                i, w = jobs[j]
+                a = cuts[i][w][0]
+                for hit in row:
+                    start, end = hit.extent
+                    if reporting_window(cuts[i], a + start, a + end, cut_at_right_edge=self.cut_at_right_edge) == w:
+                        yield i, encodings[i], a, hit

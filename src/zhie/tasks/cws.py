@@ -2,19 +2,23 @@
 
 Words are spans with label ``""``; tags are S = 0, B = 1, M = 2, E = 3 (spec §8.1) and the CRF decodes with
 the BMES constraints (no S->M, B->S, B->B, ...). Training sentences longer than ``max_length`` are cut at word
-boundaries. :meth:`CwsTask.segment` always returns a partition of the text: joining the words gives the input
-back exactly (whitespace runs are pieces of their own).
+boundaries. ``predict`` always returns a partition of the text: joining the words gives the input back exactly
+(whitespace runs are pieces of their own).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from zhie.data import NerExample
+from zhie.data.cws import read_segmented
 from zhie.metrics import segmentation_prf
 from zhie.spans import Span
-from zhie.tasks.base import resolve_model_dir
-from zhie.tasks.ner import NerConfig, NerModel, NerTask
+from zhie.tasks import register
+from zhie.tasks.base import Pipeline, Task, add_text_command, resolve_model_dir
+from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 
 VOCAB_FILE = "train_words.txt"
 
@@ -35,16 +39,46 @@ def partition(text: str, spans: list[Span]) -> list[Span]:
     return out
 
 
+class SegmenterPipeline(Pipeline):
+    """A trained segmenter: ``predict(texts)`` gives each text's words as spans, ``segment(texts)`` as strings
+    (they join back to the text)."""
+
+    def segment(self, texts: list[str] | str, batch_size: int = 32) -> list[list[str]]:
+        return [[s.text for s in words] for words in self.predict(texts, batch_size)]
+
+
+@register
 class CwsTask(NerTask):
+    """Words of a text: ``predict`` returns, per text, the :class:`zhie.spans.Span` of each word (label ``""``),
+    a partition of the text."""
+
     name = "cws"
+    help = "Chinese word segmentation (crf, softmax heads; BMES tags)"
+    output_key = "words"
+    pipeline_class = SegmenterPipeline
 
-    def __init__(self, config: NerConfig, tokenizer, train_vocab: set[str] | None = None):
+    def __init__(self, config: NerConfig, tokenizer):
         super().__init__(config, tokenizer)
-        self.train_vocab = train_vocab or set()
+        self.train_vocab: set[str] = set()
 
-    @staticmethod
-    def make_config(head: str, max_length: int = 256) -> NerConfig:
-        return NerConfig([""], head=head, mode="char", max_length=max_length, scheme="BMES")
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--head", default="crf", choices=TAGGER_HEADS)
+        parser.add_argument("--max-length", type=int, default=256, help="tokens per piece, [CLS] and [SEP] included")
+        parser.add_argument("--crf-lr-multiplier", type=float, default=100.0,
+                            help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
+        if format != "auto":
+            raise ValueError(f"--format {format} does not apply to segmented text (words separated by spaces)")
+        return read_segmented(path)
+
+    @classmethod
+    def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "crf", max_length: int = 256,
+                  crf_lr_multiplier: float = 100.0) -> NerConfig:
+        return NerConfig([""], head=head, mode="char", max_length=max_length, scheme="BMES",
+                         crf_lr_multiplier=crf_lr_multiplier)
 
     def split_long(self, examples: list[NerExample]) -> list[NerExample]:
         """Cut sentences at word boundaries into pieces of at most ``max_length - 2`` characters.
@@ -71,17 +105,32 @@ class CwsTask(NerTask):
         return NerExample(text[start:end], [Span(w.start - start, w.end - start, "", w.text) for w in words])
 
     def encode(self, examples: list[NerExample]):
+        """Training windows; the training vocabulary (for OOV recall) is taken from ``examples`` too."""
+        self.train_vocab |= {s.text for ex in examples for s in ex.spans}
         return super().encode(self.split_long(examples))
 
-    def segment(self, model: NerModel, texts: list[str], batch_size: int = 32) -> list[list[Span]]:
-        return [partition(text, spans) for text, spans in zip(texts, self.predict(model, texts, batch_size))]
+    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list[list[Span]]:
+        return [partition(text, spans) for text, spans in zip(texts, super().predict(model, texts, batch_size, timings))]
 
-    def evaluate(self, model: NerModel, examples: list[NerExample], batch_size: int = 32) -> dict:
-        pred = self.segment(model, [ex.text for ex in examples], batch_size)
+    def to_json(self, prediction: list[Span]) -> list[dict]:
+        return [{"start": s.start, "end": s.end, "text": s.text} for s in prediction]
+
+    def score(self, examples: list[NerExample], predictions: list[list[Span]]) -> dict:
         words = [[s.text for s in ex.spans] for ex in examples]
-        return segmentation_prf([ex.spans for ex in examples], pred, words, self.train_vocab)
+        return segmentation_prf([ex.spans for ex in examples], predictions, words, self.train_vocab)
 
-    def save(self, model: NerModel, out: Path) -> Path:
+    def summary(self, metrics: dict) -> dict[str, float]:
+        return Task.summary(self, metrics)
+
+    def report(self, metrics: dict) -> str:
+        return Task.report(self, metrics)
+
+    @classmethod
+    def add_commands(cls, commands) -> None:
+        p = add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", segment)
+        p.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
+
+    def save(self, model, out: Path) -> Path:
         path = super().save(model, out)
         (path / VOCAB_FILE).write_text("\n".join(sorted(self.train_vocab)), encoding="utf-8")
         return path
@@ -94,27 +143,10 @@ class CwsTask(NerTask):
         return task, model
 
 
-def train_cws(train_path, dev_path, *, out, encoder: str = "e5-small", head: str = "crf", max_length: int = 256,
-              keep_tokens: str = "auto", encoder_layers: int | None = None, config=None, resume: bool = True,
-              progress: bool = True) -> dict:
-    """Train a segmenter on segmented text; the best model on ``dev_path`` goes to ``out/best``."""
-    from zhie.data.cws import read_segmented
-    from zhie.tasks.base import prepare_encoder
-    from zhie.training import TrainConfig, train
-
-    config = config or TrainConfig()
-    train_examples, dev_examples = read_segmented(train_path), read_segmented(dev_path)
-    enc, tokenizer = prepare_encoder(encoder, texts=[ex.text for ex in train_examples + dev_examples],
-                                     keep_tokens=keep_tokens, layers=encoder_layers, seed=config.seed)
-    vocab = {s.text for ex in train_examples for s in ex.spans}
-    task = CwsTask(CwsTask.make_config(head, max_length), tokenizer, vocab)
-    items = task.encode(train_examples)
-    model = NerModel(enc, task.config)
-
-    def evaluate(m: NerModel) -> dict:
-        return {k: v for k, v in task.evaluate(m, dev_examples).items() if isinstance(v, float)}
-
-    Path(out).mkdir(parents=True, exist_ok=True)
-    return train(model, items, collate=task.collate, loss_fn=task.loss, config=config, out_dir=Path(out),
-                 evaluate=evaluate, metric="f1", save_best=task.save, lengths=[len(it.ids) for it in items],
-                 resume=resume, progress=progress)
+def segment(pipe: SegmenterPipeline, texts: list[str], args) -> None:
+    """``zhie segment``: words separated by two spaces, or JSON lines with ``--json``."""
+    for text, words in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
+        if args.json:
+            print(json.dumps({"text": text, "words": pipe.task.to_json(words)}, ensure_ascii=False))
+        else:
+            print("  ".join(s.text for s in words if not s.text.isspace()))

@@ -1,17 +1,18 @@
-"""Named-entity recognition: label encoding, model, loss, vectorised decoding, metric.
+"""Named-entity recognition: label encoding, heads, loss, vectorised decoding, metric.
 
-Heads (spec §1, §2, §8):
+Heads (spec §1, §2, §8), in two families with one output type each:
 
-* ``gp`` / ``egp`` — (Efficient) GlobalPointer: one span-score matrix per entity type, trained with the
-  sparse multilabel categorical cross-entropy on index labels; a span is predicted where its masked logit
-  is > 0 (``nonzero`` on the logits, no loop over cells). Flat and nested data.
-* ``crf`` / ``softmax`` — BIO taggers (O = 0, B-c = 2c+1, I-c = 2c+2) over the content tokens; the CRF
-  decodes with batched Viterbi restricted to valid BIO paths. Flat data only: nested spans are refused,
-  unless ``flatten=True`` keeps the outermost ones.
+* span heads ``gp`` / ``egp`` — (Efficient) GlobalPointer: span logits ``[b, types, n, n]``, trained with the
+  sparse multilabel categorical cross-entropy on index labels; a span is predicted where its masked logit is > 0
+  (``nonzero`` on the logits, no loop over cells). Flat and nested data (:class:`SpanLabels`).
+* taggers ``crf`` / ``softmax`` — emissions ``[b, n, tags]`` over BIO tags (O = 0, B-c = 2c+1, I-c = 2c+2); the
+  CRF decodes with batched Viterbi restricted to valid BIO paths. Flat data only: nested spans are refused,
+  unless ``flatten`` keeps the outermost ones (:class:`TagLabels`).
 
 Token positions: model inputs are ``[CLS] content [SEP]``; content token ``t`` sits at position ``t + 1``.
-Texts longer than ``max_length`` are cut into overlapping windows (training: every window is an example;
-prediction: each entity is reported by the window that owns it, see :func:`zhie.text.owns`).
+Texts longer than ``max_length`` are cut into windows overlapping by ``overlap`` tokens (training: every window is
+an example, for the taggers cut between entities; prediction: each entity is reported by the window that contains
+it whole and most centrally, :func:`zhie.text.reporting_window`, which says what happens to longer entities).
 
 Entity scores: GP/EGP ``sigmoid(2 * logit)`` (the calibrated probability of the MCE loss, spec §0.2);
 taggers: the mean over the entity's tokens of the softmax probability of their tags (for the CRF, of the
@@ -20,31 +21,24 @@ emission scores).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zhie.data import NerExample
-from zhie.heads import (
-    CRF,
-    EfficientGlobalPointer,
-    GlobalPointer,
-    SoftmaxTagger,
-    bio_allowed_transitions,
-    bmes_allowed_transitions,
-)
+from zhie.data import NerExample, read_ner
+from zhie.heads import CrfTagger, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span, spans_to_tags, tags_to_spans
-from zhie.tasks.base import WindowedTask, pad, sparse_cells
-from zhie.text import owns, windows
+from zhie.tasks import register
+from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
+from zhie.text import windows
 
-HEADS = ("softmax", "crf", "gp", "egp")
-Hit = tuple[int, int, int, float]  # first token, last token (inclusive), label index, score
 SPAN_HEADS = ("gp", "egp")
+TAGGER_HEADS = ("crf", "softmax")
+HEADS = ("softmax", "crf", "gp", "egp")
 
 
 @dataclass
@@ -53,10 +47,12 @@ class NerConfig:
     head: str = "gp"
     mode: str = "char"
     max_length: int = 256
-    stride: int = 32
+    overlap: int = 32
     head_size: int = 64
     dropout: float = 0.1
     scheme: str = "BIO"  # tagger heads: BIO for entities, BMES for word segmentation
+    flatten: bool = False  # taggers: keep the outermost of nested training entities instead of refusing them
+    crf_lr_multiplier: float = 100.0  # the CRF transitions learn at the encoder lr times this (spec §8.1)
 
     def __post_init__(self):
         if self.head not in HEADS:
@@ -74,51 +70,114 @@ class NerConfig:
         return ["O"] + [f"{p}-{label}" for label in self.labels for p in "BI"]
 
 
-class NerModel(nn.Module):
-    """Encoder + one NER head; ``forward`` returns the head's logits.
+@dataclass(frozen=True)
+class TokenSpan:
+    """A decoded entity: content tokens ``[start, end)`` of its window, label index, score."""
 
-    Span heads: ``[batch, types, seq, seq]`` (masked); taggers: ``[batch, seq, tags]`` emissions.
-    """
+    start: int
+    end: int
+    label: int
+    score: float
 
-    def __init__(self, encoder: nn.Module, config: NerConfig):
-        super().__init__()
-        self.encoder = encoder
+    @property
+    def extent(self) -> tuple[int, int]:
+        return self.start, self.end
+
+
+@dataclass
+class NerWindow:
+    """One training window: its content token ids and gold spans as content-token ranges."""
+
+    ids: list[int]
+    spans: list[tuple[int, int, int]]  # (first token, last token inclusive, label index), content positions
+    tags: list[int] = field(default_factory=list)
+
+
+class SpanLabels:
+    """GP/EGP: sparse span-cell labels, the multilabel categorical cross-entropy, ``nonzero`` decoding."""
+
+    cut_at_right_edge = False
+
+    def __init__(self, config: NerConfig) -> None:
         self.config = config
-        hidden = encoder.config.hidden_size
-        if config.head in SPAN_HEADS:
-            cls = GlobalPointer if config.head == "gp" else EfficientGlobalPointer
-            self.head = cls(hidden, len(config.labels), head_size=config.head_size)
-        else:
-            self.head = SoftmaxTagger(hidden, len(config.tags), dropout=config.dropout)
-        self.crf = CRF(len(config.tags)) if config.head == "crf" else None
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        if self.config.head in SPAN_HEADS:
-            return self.head(hidden, attention_mask=content_mask(attention_mask))
-        return self.head(hidden)
+    def build_head(self, hidden_size: int) -> nn.Module:
+        cls = GlobalPointer if self.config.head == "gp" else EfficientGlobalPointer
+        return cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
 
+    def cuts(self, n: int, spans: list[tuple[int, int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
+        return windows(n, size, overlap)
 
-def entity_safe_cuts(n: int, spans: list[tuple[int, int, int]], size: int) -> list[tuple[int, int]]:
-    """Consecutive training windows ``[a, b)`` of at most ``size`` tokens covering ``0..n``, each ending where no
-    (flat) span ``(first, last, label)`` crosses it; only a span longer than ``size`` is cut."""
-    cuts, start = [], 0
-    while start < n:
-        end = min(start + size, n)
-        crossing = [s for s, e, _ in spans if start < s < end <= e]
-        if crossing:
-            end = min(crossing)
-        cuts.append((start, end))
-        start = end
-    return cuts
+    def tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
+        return []
+
+    def labels(self, items: list[NerWindow], n: int) -> Tensor:
+        return sparse_cells([[(k, s, e) for s, e, k in it.spans] for it in items], len(self.config.labels), n)
+
+    def loss(self, head: nn.Module, logits: Tensor, labels: Tensor) -> Tensor:
+        return global_pointer_loss(logits, labels, mask_zero=True, reduction="mean")
+
+    def decode(self, head: nn.Module, logits: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
+        rows: list[list[TokenSpan]] = [[] for _ in range(logits.shape[0])]
+        hits = (logits > 0).nonzero().tolist()
+        scores = torch.sigmoid(2 * logits.float()[logits > 0]).tolist()
+        for (b, k, i, j), score in zip(hits, scores):
+            rows[b].append(TokenSpan(i - 1, j, k, score))
+        return rows
 
 
-def content_mask(attention_mask: Tensor) -> Tensor:
-    """The attention mask without ``[CLS]`` (position 0) and ``[SEP]`` (the last real position)."""
-    mask = attention_mask.clone()
-    mask[:, 0] = 0
-    mask[torch.arange(mask.shape[0], device=mask.device), attention_mask.sum(1) - 1] = 0
-    return mask
+class TagLabels:
+    """CRF/softmax: one tag per content token, the head's own loss and decoding, tags -> spans."""
+
+    cut_at_right_edge = True
+
+    def __init__(self, config: NerConfig) -> None:
+        self.config = config
+        self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
+        self.label_index = {label: i for i, label in enumerate(config.labels)}
+
+    def build_head(self, hidden_size: int) -> nn.Module:
+        c = self.config
+        if c.head == "crf":
+            return CrfTagger(hidden_size, c.tags, c.scheme, dropout=c.dropout, lr_multiplier=c.crf_lr_multiplier)
+        return SoftmaxTagger(hidden_size, len(c.tags), dropout=c.dropout)
+
+    def cuts(self, n: int, spans: list[tuple[int, int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
+        """Windows that end between entities: a cut entity's tokens would be learnt as O (only an entity longer
+        than a window is cut)."""
+        cuts, start = [], 0
+        while start < n:
+            end = min(start + size, n)
+            crossing = [s for s, e, _ in spans if start < s < end <= e]
+            if crossing:
+                end = min(crossing)
+            cuts.append((start, end))
+            start = end
+        return cuts
+
+    def tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
+        labels = self.config.labels
+        tags = spans_to_tags([(s, e + 1, labels[k]) for s, e, k in spans], n, self.config.scheme)
+        return [self.tag_index[t] for t in tags]
+
+    def labels(self, items: list[NerWindow], n: int) -> Tensor:
+        return pad([[-100, *it.tags, -100] for it in items], -100, n)
+
+    def loss(self, head: nn.Module, emissions: Tensor, labels: Tensor) -> Tensor:
+        return head.loss(emissions[:, 1:], labels[:, 1:])  # content tokens start at position 1
+
+    def decode(self, head: nn.Module, emissions: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
+        lengths = (attention_mask.sum(1) - 2).tolist()
+        emissions = emissions[:, 1:].float()
+        mask = torch.arange(emissions.shape[1], device=emissions.device)[None, :] < torch.tensor(
+            lengths, device=emissions.device)[:, None]
+        paths = head.decode(emissions, mask)
+        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1).tolist()
+        tags, rows = self.config.tags, []
+        for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):  # one device-to-host copy, no per-span sync
+            rows.append([TokenSpan(s, e, self.label_index.get(label, 0), sum(probs[b][s:e]) / (e - s))
+                         for s, e, label in tags_to_spans([tags[t] for t in path[:length]], self.config.scheme)])
+        return rows
 
 
 def flatten_outermost(spans: list[Span]) -> list[Span]:
@@ -135,53 +194,70 @@ def is_nested(spans: list[Span]) -> bool:
     return any(b.start < a.end for a, b in zip(ordered, ordered[1:]))
 
 
-@dataclass
-class Item:
-    """One training window: model input ids and its gold spans as content-token ranges."""
-
-    ids: list[int]
-    spans: list[tuple[int, int, int]]  # (first token, last token inclusive, label index), content positions
-    tags: list[int] = field(default_factory=list)
-
-
+@register
 class NerTask(WindowedTask):
-    """Label encoding, batching, loss, decoding and evaluation for one :class:`NerConfig`."""
+    """Entities of a text: ``predict`` returns, per text, a sorted list of :class:`zhie.spans.Span` with
+    ``label`` and ``score`` (nested spans for GP/EGP models trained on nested data)."""
 
     name = "ner"
+    help = "named-entity recognition (softmax, crf, gp, egp heads)"
     config_class = NerConfig
-    model_class = NerModel
+    output_key = "entities"
 
     def __init__(self, config: NerConfig, tokenizer):
         super().__init__(config, tokenizer)
+        self.labeling = SpanLabels(config) if config.head in SPAN_HEADS else TagLabels(config)
+        self.cut_at_right_edge = self.labeling.cut_at_right_edge
         self.label_index = {label: i for i, label in enumerate(config.labels)}
-        self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
-        if config.head == "crf":
-            constraints = bmes_allowed_transitions if config.scheme == "BMES" else bio_allowed_transitions
-            self.allowed = constraints(config.tags)
         self.stats = {"spans_dropped": 0, "windows": 0}
 
+    # --------------------------------------------------------------------------------------- data and config
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--head", default="gp", choices=HEADS)
+        parser.add_argument("--mode", default="char", choices=["char", "subword"],
+                            help="char: one token per character (Chinese); subword: the tokenizer's own tokens")
+        parser.add_argument("--max-length", type=int, default=256,
+                            help="tokens per window, [CLS] and [SEP] included")
+        parser.add_argument("--flatten", action="store_true",
+                            help="crf/softmax heads: keep the outermost of nested entities instead of refusing")
+        parser.add_argument("--crf-lr-multiplier", type=float, default=100.0,
+                            help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
+        return read_ner(path, format)
+
+    @classmethod
+    def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "gp", mode: str = "char",
+                  max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0) -> NerConfig:
+        labels = sorted({s.label for ex in examples for s in ex.spans})
+        return NerConfig(labels, head=head, mode=mode, max_length=max_length, flatten=flatten,
+                         crf_lr_multiplier=crf_lr_multiplier)
+
     # --------------------------------------------------------------------------------------- encoding
-    def check_flat(self, examples: list[NerExample], flatten: bool, where: str = "the data") -> list[NerExample]:
+    def check_flat(self, examples: list[NerExample]) -> list[NerExample]:
         """Taggers need flat spans: refuse nested data (or keep the outermost spans with ``flatten``)."""
         if self.config.head in SPAN_HEADS:
             return examples
         nested = {i for i, ex in enumerate(examples) if is_nested(ex.spans)}
         if not nested:
             return examples
-        if not flatten:
+        if not self.config.flatten:
             raise ValueError(
-                f"{where} has nested or overlapping entities in {len(nested)} example(s) (first: #{min(nested) + 1}, "
-                f"{examples[min(nested)].text[:40]!r}); the {self.config.head} head tags each character once and "
-                "cannot represent them. Use --head gp or --head egp, or --flatten to keep the outermost spans.")
+                f"the training data has nested or overlapping entities in {len(nested)} example(s) (first: "
+                f"#{min(nested) + 1}, {examples[min(nested)].text[:40]!r}); the {self.config.head} head tags each "
+                "character once and cannot represent them. Use --head gp or --head egp, or --flatten to keep the "
+                "outermost spans.")
         self.stats["flattened_examples"] = len(nested)
         return [NerExample(ex.text, flatten_outermost(ex.spans)) if i in nested else ex
                 for i, ex in enumerate(examples)]
 
-    def encode(self, examples: list[NerExample]) -> list[Item]:
-        """Training items: one per window of ``max_length - 2`` content tokens."""
-        size, stride = self.window
+    def encode(self, examples: list[NerExample]) -> list[NerWindow]:
+        """Training windows of at most ``max_length - 2`` content tokens."""
+        size, overlap = self.window
         items = []
-        for ex in examples:
+        for ex in self.check_flat(examples):
             enc = self.text_tokenizer(ex.text)
             token_spans = []
             for span in ex.spans:
@@ -190,127 +266,59 @@ class NerTask(WindowedTask):
                     self.stats["spans_dropped"] += 1
                     continue
                 token_spans.append((tokens[0], tokens[1] - 1, self.label_index[span.label]))
-            if self.config.head in SPAN_HEADS:
-                cuts = list(windows(len(enc), size, stride)) if len(enc) else []
-            else:  # a tagger must not see an entity cut by a window edge: it would learn its tokens as O
-                cuts = entity_safe_cuts(len(enc), token_spans, size)
+            cuts = self.labeling.cuts(len(enc), token_spans, size, overlap) if len(enc) else []
             self.stats["spans_dropped"] += sum(not any(a <= s and e < b for a, b in cuts) for s, e, _ in token_spans)
             for a, b in cuts:
                 inside = [(s - a, e - a, k) for s, e, k in token_spans if a <= s and e < b]
-                items.append(Item(enc.ids[a:b], inside, self._tags(inside, b - a)))
+                items.append(NerWindow(enc.ids[a:b], inside, self.labeling.tags(inside, b - a)))
         self.stats["windows"] += len(items)
         return items
 
-    def _tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
-        if self.config.head in SPAN_HEADS:
-            return []
-        labels = self.config.labels
-        tags = spans_to_tags([(s, e + 1, labels[k]) for s, e, k in spans], n, self.config.scheme)
-        return [self.tag_index[t] for t in tags]
-
-    def collate(self, items: list[Item]) -> dict[str, Tensor]:
+    def collate(self, items: list[NerWindow]) -> dict[str, Tensor]:
         batch = self.collate_inputs(items)
-        n = batch["input_ids"].shape[1]
-        if self.config.head in SPAN_HEADS:
-            rows = [[(k, s, e) for s, e, k in it.spans] for it in items]
-            batch["labels"] = sparse_cells(rows, len(self.config.labels), n)
-        else:
-            batch["labels"] = pad([[-100, *it.tags, -100] for it in items], -100, n)
+        batch["labels"] = self.labeling.labels(items, batch["input_ids"].shape[1])
         return batch
 
-    # --------------------------------------------------------------------------------------- training
-    def loss(self, model: NerModel, batch: dict[str, Tensor]) -> Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        labels = batch["labels"]
-        if self.config.head in SPAN_HEADS:
-            return global_pointer_loss(logits, labels, mask_zero=True, reduction="mean")
-        if self.config.head == "softmax":
-            return F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100)
-        tags, mask = labels[:, 1:], labels[:, 1:] != -100  # content tokens start at position 1
-        crf = getattr(model, "module", model).crf  # under DDP the model arrives wrapped
-        return -crf.log_likelihood(logits[:, 1:], tags.clamp(min=0), mask).mean()
+    # --------------------------------------------------------------------------------------- model
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        return {self.head_name: self.labeling.build_head(hidden_size)}
 
-    # --------------------------------------------------------------------------------------- decoding
+    def head_loss(self, head: nn.Module, output: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        return self.labeling.loss(head, output, batch["labels"])
+
     @torch.no_grad()
-    def decode(self, model: NerModel, logits: Tensor, attention_mask: Tensor) -> list[list[Hit]]:
-        """Logits -> per row ``(first, last_inclusive, label index, score)`` over content token positions."""
-        rows: list[list[Hit]] = [[] for _ in range(logits.shape[0])]
-        if self.config.head in SPAN_HEADS:
-            hits = (logits > 0).nonzero().tolist()
-            scores = torch.sigmoid(2 * logits.float()[logits > 0]).tolist()
-            for (b, k, i, j), score in zip(hits, scores):
-                rows[b].append((i - 1, j - 1, k, score))
-            return rows
-        lengths = (attention_mask.sum(1) - 2).tolist()
-        emissions = logits[:, 1:].float()
-        mask = torch.arange(emissions.shape[1], device=logits.device)[None, :] < torch.tensor(
-            lengths, device=logits.device)[:, None]
-        if model.crf is not None:
-            allowed, start, end = (t.to(logits.device) for t in self.allowed)
-            paths, _ = model.crf.viterbi(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
-        else:
-            paths = emissions.argmax(-1)
-        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1).tolist()
-        tags = self.config.tags
-        for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):  # one device-to-host copy, no per-span sync
-            for s, e, label in tags_to_spans([tags[t] for t in path[:length]], self.config.scheme):
-                rows[b].append((s, e - 1, self.label_index.get(label, 0), sum(probs[b][s:e]) / (e - s)))
-        return rows
+    def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenSpan]]:
+        """Head output -> per row the entities over the window's content token positions."""
+        return self.labeling.decode(model.heads[self.head_name], outputs[self.head_name], attention_mask)
 
-    def predict(self, model: NerModel, texts: list[str], batch_size: int = 32,
-                timings: dict | None = None) -> list[list[Span]]:
-        """Entities of each text, in input order; long texts go through overlapping windows, each entity is
-        reported by the window that owns its start (:func:`zhie.text.owns`)."""
+    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list[list[Span]]:
+        """Entities of each text, in input order (long texts through overlapping windows)."""
         found: list[dict[tuple[int, int, str], float]] = [{} for _ in texts]
-        stride = self.window[1]
-        for i, (a, b), enc, row in self.window_rows(model, texts, batch_size, timings):
-            for s, e, k, score in row:
-                if s < 0 or e >= b - a or not owns((a, b), a + s, len(enc), stride):
-                    continue
-                start, end = enc.token_span_to_chars(a + s, a + e + 1)
-                key = (start, end, self.config.labels[k])
-                found[i][key] = max(score, found[i].get(key, 0.0))
+        for i, enc, a, hit in self.reported_hits(model, texts, batch_size, timings):
+            start, end = enc.token_span_to_chars(a + hit.start, a + hit.end)
+            key = (start, end, self.config.labels[hit.label])
+            found[i][key] = max(hit.score, found[i].get(key, 0.0))
         return [sorted(Span(s, e, label, text[s:e], score) for (s, e, label), score in spans.items())
                 for text, spans in zip(texts, found)]
 
-    def evaluate(self, model: NerModel, examples: list[NerExample], batch_size: int = 32) -> dict:
-        pred = self.predict(model, [ex.text for ex in examples], batch_size)
-        return span_prf([ex.spans for ex in examples], pred)
+    # --------------------------------------------------------------------------------------- metrics
+    def score(self, examples: list[NerExample], predictions: list[list[Span]]) -> dict:
+        return span_prf([ex.spans for ex in examples], predictions)
 
-
-def train_ner(train_path, dev_path, *, out, encoder: str = "e5-small", head: str = "gp", format: str = "auto",
-              mode: str = "char", max_length: int = 256, flatten: bool = False, keep_tokens: str = "auto",
-              encoder_layers: int | None = None, config=None, resume: bool = True, progress: bool = True) -> dict:
-    """Train an NER model on ``train_path``, keep the best on ``dev_path`` in ``out/best``; returns the summary."""
-    import json
-
-    from zhie.data import read_ner
-    from zhie.tasks.base import prepare_encoder
-    from zhie.training import TrainConfig, train
-
-    config = config or TrainConfig()
-    out = Path(out)
-    train_examples, dev_examples = read_ner(train_path, format), read_ner(dev_path, format)
-    labels = sorted({s.label for ex in train_examples for s in ex.spans})
-    ner_config = NerConfig(labels, head=head, mode=mode, max_length=max_length)
-    enc, tokenizer = prepare_encoder(encoder, texts=[ex.text for ex in train_examples + dev_examples], mode=mode,
-                                     keep_tokens=keep_tokens, layers=encoder_layers, seed=config.seed)
-    task = NerTask(ner_config, tokenizer)
-    train_examples = task.check_flat(train_examples, flatten, str(train_path))
-    items = task.encode(train_examples)
-    model = NerModel(enc, ner_config)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {"train": str(train_path), "dev": str(dev_path), "examples": len(train_examples), **task.stats,
-               "labels": labels, "encoder": encoder, "vocab": len(tokenizer),
-               "encoder_layers": enc.config.num_hidden_layers, "head": head}
-    (out / "data_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2), encoding="utf-8")
-    if progress:
-        print(json.dumps(summary, ensure_ascii=False))
-
-    def evaluate(m: NerModel) -> dict:
-        metrics = task.evaluate(m, dev_examples)
+    def summary(self, metrics: dict) -> dict[str, float]:
         return {**metrics["micro"], "n_pred": metrics["n_pred"]}
 
-    return train(model, items, collate=task.collate, loss_fn=task.loss, config=config, out_dir=out,
-                 evaluate=evaluate, metric="f1", save_best=task.save, lengths=[len(it.ids) for it in items],
-                 resume=resume, progress=progress)
+    def report(self, metrics: dict) -> str:
+        lines = [f"{'type':<16}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
+        for label, m in metrics["per_type"].items():
+            lines.append(f"{label:<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
+        m = metrics["micro"]
+        lines.append(f"{'micro':<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{metrics['n_gold']:>10}")
+        return "\n".join(lines)
+
+    # --------------------------------------------------------------------------------------- old directories
+    @classmethod
+    def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
+        """Format 1 kept the head as ``head.*`` and the CRF as ``crf.*``, and the window overlap as ``stride``."""
+        meta = {**meta, "overlap": meta.get("stride", 32)}
+        return meta, rename_weights(weights, {"head.": f"heads.{cls.name}.", "crf.": f"heads.{cls.name}.crf."})

@@ -1,6 +1,6 @@
 """Relation extraction with GPLinker (spec §3.1).
 
-Three (Efficient) GlobalPointer modules on the encoder output:
+The head (:class:`zhie.heads.GPLinkerHead`) is three (Efficient) GlobalPointer modules on the encoder output:
 
 * ``entity``: 2 heads (0 = subject, 1 = object), RoPE and the lower-triangle mask; cell (start, end) of a span;
 * ``head_head`` and ``tail_tail``: one head per predicate, no RoPE, no triangle mask; cell (subject start, object
@@ -11,34 +11,38 @@ are sparse cell indices, the loss is the sparse multilabel categorical cross-ent
 (cell 0 = ``([CLS], [CLS])`` is padding), summed over heads, averaged over the batch, summed over the three
 modules. Decoding gathers the linking scores of every subject x object pair at once (``nonzero`` on masked
 logits, no loop over cells). A relation's score is the smallest ``sigmoid(2 * logit)`` of its four cells.
+
+Long texts go through overlapping windows; a triple is reported by the window that contains its extent (from the
+first to the last token of its two mentions) whole and most centrally (:func:`zhie.text.reporting_window`).
 """
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from zhie.data.spo import SpoExample, Triple
-from zhie.heads import EfficientGlobalPointer, GlobalPointer
+from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
+from zhie.heads import GPLinkerHead, RelationLogits
 from zhie.losses import global_pointer_loss
-from zhie.metrics import span_prf
+from zhie.metrics import prf, span_prf
 from zhie.spans import Span
-from zhie.tasks.base import WindowedTask, sparse_cells
-from zhie.tasks.ner import content_mask
+from zhie.tasks import register
+from zhie.tasks.base import WindowedTask, rename_weights, sparse_cells
 from zhie.text import windows
+
+HEADS = ("gp", "egp")
 
 
 @dataclass
 class RelationConfig:
     predicates: list[str]
-    variant: str = "egp"
+    head: str = "egp"
     mode: str = "char"
     max_length: int = 256
-    stride: int = 64
+    overlap: int = 64
     head_size: int = 64
     # Decoding caps per window: an untrained or diverging model scores about half of all L² cells above 0, and
     # every subject x object x predicate combination of those would be a triple. Real data stays far below
@@ -48,58 +52,79 @@ class RelationConfig:
     max_triples: int = 512   # triples per window
 
     def __post_init__(self):
-        if self.variant not in ("gp", "egp"):
-            raise ValueError(f"unknown GPLinker variant {self.variant!r}; use gp or egp")
+        if self.head not in HEADS:
+            raise ValueError(f"unknown GPLinker head {self.head!r}; use gp or egp")
         if not self.predicates:
             raise ValueError("no predicates: the training data has no triples")
 
 
-@dataclass
-class RelationLogits:
-    entity: Tensor     # [b, 2, n, n]
-    head_head: Tensor  # [b, predicates, n, n]
-    tail_tail: Tensor  # [b, predicates, n, n]
+@dataclass(frozen=True)
+class TokenTriple:
+    """A decoded triple: subject and object as content tokens ``(start, end)`` of its window (end exclusive)."""
 
+    subject: tuple[int, int]
+    predicate: int
+    object: tuple[int, int]
+    score: float
 
-class RelationModel(nn.Module):
-    def __init__(self, encoder: nn.Module, config: RelationConfig):
-        super().__init__()
-        self.encoder = encoder
-        self.config = config
-        cls = GlobalPointer if config.variant == "gp" else EfficientGlobalPointer
-        hidden, heads, size = encoder.config.hidden_size, len(config.predicates), config.head_size
-        self.entity = cls(hidden, 2, head_size=size, rope=True, tril_mask=True)
-        self.head_head = cls(hidden, heads, head_size=size, rope=False, tril_mask=False)
-        self.tail_tail = cls(hidden, heads, head_size=size, rope=False, tril_mask=False)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> RelationLogits:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = content_mask(attention_mask)
-        return RelationLogits(self.entity(hidden, attention_mask=mask), self.head_head(hidden, attention_mask=mask),
-                              self.tail_tail(hidden, attention_mask=mask))
+    @property
+    def extent(self) -> tuple[int, int]:
+        return min(self.subject[0], self.object[0]), max(self.subject[1], self.object[1])
 
 
 @dataclass
-class Item:
+class RelationWindow:
+    """One training window: its content token ids and the cells of its triples."""
+
     ids: list[int]
     entity: list[tuple[int, int, int]] = field(default_factory=list)     # (role, start, end) content positions
     head_head: list[tuple[int, int, int]] = field(default_factory=list)  # (predicate, subject start, object start)
     tail_tail: list[tuple[int, int, int]] = field(default_factory=list)  # (predicate, subject end, object end)
 
 
+@register
 class RelationTask(WindowedTask):
+    """Triples of a text: ``predict`` returns, per text, a list of :class:`zhie.data.spo.Triple` (subject and
+    object as :class:`zhie.spans.Span` with exact offsets, predicate, score)."""
+
     name = "re"
+    help = "relation extraction with GPLinker (triples)"
     config_class = RelationConfig
-    model_class = RelationModel
+    output_key = "relations"
 
     def __init__(self, config: RelationConfig, tokenizer):
         super().__init__(config, tokenizer)
         self.predicate_index = {p: i for i, p in enumerate(config.predicates)}
-        self.stats = {"triples": 0, "triples_dropped": 0, "not_in_text": 0, "unknown_predicate": 0}
+        self.stats = {"triples": 0, "triples_dropped": 0, "not_in_text": 0, "unknown_predicate": 0, "windows": 0}
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--schema", default=None,
+                            help="schema.json (JSON lines with 'predicate'); default: from data")
+        parser.add_argument("--head", "--variant", dest="head", default="egp", choices=HEADS,
+                            help="GlobalPointer (gp) or Efficient GlobalPointer (egp) modules")
+        parser.add_argument("--max-length", type=int, default=256, help="tokens per window, [CLS] and [SEP] included")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
+        if format != "auto":
+            raise ValueError(f"--format {format} does not apply to triples (CMeIE/DuIE JSON lines)")
+        return read_spo(path)
+
+    @classmethod
+    def configure(cls, examples: list[SpoExample], *, encoder: str, schema=None, head: str = "egp",
+                  max_length: int = 256) -> RelationConfig:
+        predicates = read_schema(schema) if schema else \
+            list(dict.fromkeys(t.predicate for ex in examples for t in ex.triples))
+        return RelationConfig(predicates, head=head, max_length=max_length)
+
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        c = self.config
+        return {self.head_name: GPLinkerHead(hidden_size, len(c.predicates), c.head_size, efficient=c.head == "egp")}
 
     # --------------------------------------------------------------------------------------- encoding
-    def encode(self, examples: list[SpoExample]) -> list[Item]:
-        size, stride = self.window
+    def encode(self, examples: list[SpoExample]) -> list[RelationWindow]:
+        size, overlap = self.window
         items = []
         for ex in examples:
             enc = self.text_tokenizer(ex.text)
@@ -118,20 +143,21 @@ class RelationTask(WindowedTask):
                     self.stats["triples_dropped"] += 1
                     continue
                 located.append((s[0], s[1] - 1, self.predicate_index[t.predicate], o[0], o[1] - 1))
-            cuts = list(windows(len(enc), size, stride)) if len(enc) else []
+            cuts = windows(len(enc), size, overlap) if len(enc) else []
             self.stats["triples_dropped"] += sum(not any(a <= min(sh, oh) and max(st, ot) < b for a, b in cuts)
                                                  for sh, st, _, oh, ot in located)
             for a, b in cuts:
-                item = Item(enc.ids[a:b])
+                item = RelationWindow(enc.ids[a:b])
                 for sh, st, p, oh, ot in located:
                     if a <= min(sh, oh) and max(st, ot) < b:
                         item.entity += [(0, sh - a, st - a), (1, oh - a, ot - a)]
                         item.head_head.append((p, sh - a, oh - a))
                         item.tail_tail.append((p, st - a, ot - a))
                 items.append(item)
+        self.stats["windows"] += len(items)
         return items
 
-    def collate(self, items: list[Item]) -> dict[str, Tensor]:
+    def collate(self, items: list[RelationWindow]) -> dict[str, Tensor]:
         batch = self.collate_inputs(items)
         n, r = batch["input_ids"].shape[1], len(self.config.predicates)
         batch["entity_labels"] = sparse_cells([it.entity for it in items], 2, n)
@@ -139,18 +165,20 @@ class RelationTask(WindowedTask):
         batch["tail_tail_labels"] = sparse_cells([it.tail_tail for it in items], r, n)
         return batch
 
-    def loss(self, model: RelationModel, batch: dict[str, Tensor]) -> Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    def head_loss(self, head: nn.Module, logits: RelationLogits, batch: dict[str, Tensor]) -> Tensor:
         return sum(global_pointer_loss(getattr(logits, name), batch[f"{name}_labels"], mask_zero=True,
                                        reduction="sum_heads_mean_batch")
                    for name in ("entity", "head_head", "tail_tail"))
 
     # --------------------------------------------------------------------------------------- decoding
     @torch.no_grad()
-    def decode(self, model: RelationModel | None, logits: RelationLogits,
-               attention_mask: Tensor | None = None) -> list[list[tuple[int, int, int, int, int, float]]]:
-        """Logits (already masked) -> per row ``(subject start, subject end, predicate, object start,
-        object end, score)``, content positions with inclusive ends."""
+    def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenTriple]]:
+        """Head output -> per row the triples over the window's content token positions."""
+        return self.decode_logits(outputs[self.head_name])
+
+    @torch.no_grad()
+    def decode_logits(self, logits: RelationLogits) -> list[list[TokenTriple]]:
+        """Masked logits -> per row the triples over the window's content token positions."""
         rows = []
         cap_spans, cap_triples = self.config.max_spans, self.config.max_triples
         for b in range(logits.entity.shape[0]):
@@ -172,26 +200,32 @@ class RelationTask(WindowedTask):
             if len(score) > cap_triples:
                 keep = score.topk(cap_triples).indices.sort().values
                 p, si, oi, score = p[keep], si[keep], oi[keep], score[keep]
-            rows.append([(sh - 1, st - 1, pp, oh - 1, ot - 1, sc) for sh, st, pp, oh, ot, sc in zip(
+            rows.append([TokenTriple((sh - 1, st), pp, (oh - 1, ot), sc) for sh, st, pp, oh, ot, sc in zip(
                 subjects[si, 0].tolist(), subjects[si, 1].tolist(), p.tolist(), objects[oi, 0].tolist(),
                 objects[oi, 1].tolist(), score.tolist())])
         return rows
 
-    def predict(self, model: RelationModel, texts: list[str], batch_size: int = 32,
-                timings: dict | None = None) -> list[list[Triple]]:
-        """Triples of each text, in input order; a triple found in several overlapping windows is kept once."""
+    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None
+                ) -> list[list[Triple]]:
+        """Triples of each text, in input order (long texts through overlapping windows)."""
         found: list[dict] = [{} for _ in texts]
-        for i, (a, _), enc, row in self.window_rows(model, texts, batch_size, timings):
-            for sh, st, p, oh, ot, score in row:
-                key = (*enc.token_span_to_chars(a + sh, a + st + 1), p, *enc.token_span_to_chars(a + oh, a + ot + 1))
-                found[i][key] = max(score, found[i].get(key, 0.0))
+        for i, enc, a, hit in self.reported_hits(model, texts, batch_size, timings):
+            (s0, s1), (o0, o1) = hit.subject, hit.object
+            key = (*enc.token_span_to_chars(a + s0, a + s1), hit.predicate, *enc.token_span_to_chars(a + o0, a + o1))
+            found[i][key] = max(hit.score, found[i].get(key, 0.0))
         return [[Triple(Span(s0, s1, "", text[s0:s1]), self.config.predicates[p], Span(o0, o1, "", text[o0:o1]),
                         score) for (s0, s1, p, o0, o1), score in sorted(spans.items())]
                 for text, spans in zip(texts, found)]
 
-    def evaluate(self, model: RelationModel, examples: list[SpoExample], batch_size: int = 32) -> dict:
-        pred = self.predict(model, [ex.text for ex in examples], batch_size)
-        return relation_metrics(examples, pred)
+    def score(self, examples: list[SpoExample], predictions: list[list[Triple]]) -> dict:
+        return relation_metrics(examples, predictions)
+
+    @classmethod
+    def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
+        """Format 1 kept the three modules at the top (``entity.*``, …) and named the head ``variant``."""
+        meta = {**meta, "head": meta.get("variant", "egp"), "overlap": meta.get("stride", 64)}
+        return meta, rename_weights(weights, {m: f"heads.{cls.name}.{m}" for m in ("entity.", "head_head.",
+                                                                                     "tail_tail.")})
 
 
 def _top_cells(logits: Tensor, cap: int) -> Tensor:
@@ -210,47 +244,10 @@ def relation_metrics(gold: list[SpoExample], pred: list[list[Triple]]) -> dict:
     for ex, triples in zip(gold, pred, strict=True):
         g, p = {t.key() for t in ex.triples}, {t.key() for t in triples}
         tp, n_gold, n_pred = tp + len(g & p), n_gold + len(g), n_pred + len(p)
-    precision = tp / n_pred if n_pred else 0.0
-    recall = tp / n_gold if n_gold else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
     def entities(triples):
         return [(t.subject.start, t.subject.end, "subject") for t in triples if t.subject.start >= 0] + \
                [(t.object.start, t.object.end, "object") for t in triples if t.object.start >= 0]
 
     ent = span_prf([entities(ex.triples) for ex in gold], [entities(t) for t in pred])
-    return {"precision": precision, "recall": recall, "f1": f1, "entity_f1": ent["micro"]["f1"],
-            "n_gold": n_gold, "n_pred": n_pred}
-
-
-def train_relations(train_path, dev_path, *, out, schema=None, encoder: str = "e5-small", variant: str = "egp",
-                    max_length: int = 256, keep_tokens: str = "auto", encoder_layers: int | None = None,
-                    config=None, resume: bool = True, progress: bool = True) -> dict:
-    """Train GPLinker; the best model on ``dev_path`` (triple F1) goes to ``out/best``."""
-    from zhie.data.spo import read_schema, read_spo
-    from zhie.tasks.base import prepare_encoder
-    from zhie.training import TrainConfig, train
-
-    config = config or TrainConfig()
-    out = Path(out)
-    train_examples, dev_examples = read_spo(train_path), read_spo(dev_path)
-    predicates = read_schema(schema) if schema else \
-        list(dict.fromkeys(t.predicate for ex in train_examples for t in ex.triples))
-    enc, tokenizer = prepare_encoder(encoder, texts=[ex.text for ex in train_examples + dev_examples],
-                                     keep_tokens=keep_tokens, layers=encoder_layers, seed=config.seed)
-    task = RelationTask(RelationConfig(predicates, variant=variant, max_length=max_length), tokenizer)
-    items = task.encode(train_examples)
-    model = RelationModel(enc, task.config)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {"train": str(train_path), "examples": len(train_examples), "windows": len(items), **task.stats,
-               "predicates": len(predicates), "encoder": encoder, "variant": variant}
-    (out / "data_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2), encoding="utf-8")
-    if progress:
-        print(json.dumps(summary, ensure_ascii=False))
-
-    def evaluate(m: RelationModel) -> dict:
-        return {k: v for k, v in task.evaluate(m, dev_examples).items() if isinstance(v, float)}
-
-    return train(model, items, collate=task.collate, loss_fn=task.loss, config=config, out_dir=out,
-                 evaluate=evaluate, metric="f1", save_best=task.save, lengths=[len(it.ids) for it in items],
-                 resume=resume, progress=progress)
+    return {**prf(tp, n_pred, n_gold), "entity_f1": ent["micro"]["f1"], "n_gold": n_gold, "n_pred": n_pred}

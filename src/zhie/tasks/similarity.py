@@ -1,18 +1,21 @@
 """Sentence embeddings trained on sentence pairs: CoSENT, the Sentence-BERT softmax objective, cosine-MSE.
 
-Pooling (spec §4): ``cls`` (the last layer's first token), ``mean`` (the last layer averaged over the tokens of
-the sentence, special tokens included, as sentence-transformers and e5 do) or ``first-last-avg`` (the outputs
-of the first and the last transformer layer averaged, then averaged over the tokens, as in BERT-whitening).
-Training feeds a batch of B pairs as 2B sentences interleaved ``[a1, b1, a2, b2, …]`` (spec §4.1).
+Task ``similarity`` (``sts`` is the same task under its first name; ``zhie train sts`` and old model directories keep
+working). The head is a :class:`zhie.heads.Pooling` (``cls``, ``mean`` or ``first-last-avg``, spec §4). Training
+feeds a batch of B pairs as 2B sentences interleaved ``[a1, b1, a2, b2, …]`` (spec §4.1).
 
 Losses, all in fp32: ``cosent`` (λ = 20, every pair of pairs in the batch), ``sbert`` (a classifier on
-``[u; v; |u − v|]`` with cross-entropy, labels as classes; cosine at test time) and ``cosine-mse`` (the cosine
-regressed on the label scaled to [0, 1] with the training set's label range). Evaluation: Spearman between
+``[u; v; |u − v|]`` with cross-entropy, labels as classes; the classifier belongs to the loss,
+:class:`zhie.losses.SoftmaxLoss`, and is not part of the saved model; cosine at test time) and ``cosine-mse`` (the
+cosine regressed on the label scaled to [0, 1] with the training set's label range). Evaluation: Spearman between
 cosine and label.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,17 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zhie.data.sts import Pair
-from zhie.losses import cosent_loss, cosine_mse_loss, sbert_softmax_loss
+from zhie.data.sts import Pair, read_pairs
+from zhie.files import atomic_write
+from zhie.heads import POOLINGS, Pooling
+from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
 from zhie.metrics import spearman
-from zhie.tasks.base import Task, device_of, pad, sorted_batches
+from zhie.tasks import register
+from zhie.tasks.base import Pipeline, Task, add_text_command, device_of, model_inputs, rename_weights, sorted_batches
 
-POOLINGS = ("cls", "mean", "first-last-avg")
 LOSSES = ("cosent", "sbert", "cosine-mse")
 
 
 @dataclass
-class StsConfig:
+class SimilarityConfig:
     loss: str = "cosent"
     pooling: str = "cls"
     max_length: int = 64      # tokens per sentence, special tokens included
@@ -40,6 +45,7 @@ class StsConfig:
     num_classes: int = 0      # sbert: labels are the classes 0 .. num_classes - 1
     label_min: float = 0.0    # cosine-mse: targets are (label - label_min) / (label_max - label_min)
     label_max: float = 1.0
+    mode: str = "subword"     # the tokenizer's own tokens
 
     def __post_init__(self):
         if self.loss not in LOSSES:
@@ -52,131 +58,163 @@ class StsConfig:
             raise ValueError("cosine-mse needs labels with more than one value")
 
 
-def pool(output, attention_mask: Tensor, pooling: str) -> Tensor:
-    """Sentence vectors ``[b, hidden]`` (fp32) from an encoder output (``hidden_states`` for first-last-avg)."""
-    if pooling == "cls":
-        return output.last_hidden_state[:, 0].float()
-    hidden = output.last_hidden_state if pooling == "mean" else (output.hidden_states[1] + output.hidden_states[-1]) / 2
-    mask = attention_mask.unsqueeze(-1).float()
-    return (hidden.float() * mask).sum(1) / mask.sum(1).clamp(min=1)
-
-
-class SentenceModel(nn.Module):
-    def __init__(self, encoder: nn.Module, config: StsConfig):
-        super().__init__()
-        self.encoder = encoder
-        self.config = config
-        hidden = encoder.config.hidden_size
-        self.classifier = nn.Linear(3 * hidden, config.num_classes) if config.loss == "sbert" else None
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Sentence vectors ``[b, hidden]`` (fp32, not normalised)."""
-        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
-                           output_hidden_states=self.config.pooling == "first-last-avg")
-        return pool(out, attention_mask, self.config.pooling)
-
-
 @dataclass
-class Item:
+class EncodedPair:
     a: list[int]
     b: list[int]
     label: float
 
 
-class StsTask(Task):
-    name = "sts"
-    config_class = StsConfig
-    model_class = SentenceModel
+class SentencePipeline(Pipeline):
+    """A trained sentence encoder: ``predict``/``encode(texts)`` return a numpy array of vectors,
+    ``similarity(a, b)`` the cosine of sentence pairs."""
+
+    def encode(self, texts: list[str] | str, batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+        """``[n, hidden]`` float32 (one row for a single string: ``[1, hidden]``), in input order."""
+        return self.task.embed(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size, normalize)
+
+    def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray:
+        """``[n]`` cosines of ``a[i]`` and ``b[i]`` (a single string counts as a list of one)."""
+        a, b = [a] if isinstance(a, str) else list(a), [b] if isinstance(b, str) else list(b)
+        if len(a) != len(b):
+            raise ValueError(f"similarity needs as many texts in a as in b, got {len(a)} and {len(b)}")
+        return (self.encode(a, batch_size) * self.encode(b, batch_size)).sum(1)
+
+
+class SbertObjective(nn.Module):
+    """The Sentence-BERT objective with its classifier (trained with the model, not saved with it)."""
+
+    def __init__(self, task: SimilarityTask, hidden_size: int) -> None:
+        super().__init__()
+        self.task = task
+        self.softmax_loss = SoftmaxLoss(hidden_size, task.config.num_classes)
+
+    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
+        u, v = self.task.pair_vectors(model, batch)
+        return self.softmax_loss(u, v, batch["labels"].long())
+
+
+@register
+class SimilarityTask(Task):
+    """Sentence vectors: ``predict`` returns a float32 array ``[len(texts), hidden]`` of L2-normalised vectors."""
+
+    name = "similarity"
+    aliases = ("sts",)
+    help = "sentence embeddings from sentence pairs (CoSENT, Sentence-BERT, cosine-MSE)"
+    config_class = SimilarityConfig
+    output_key = "embedding"
+    metric = "spearman"
+    group_by_length = False  # CoSENT ranks the pairs of a batch against each other, so batches are random (§4.1)
+    pipeline_class = SentencePipeline
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--loss", default="cosent", choices=LOSSES)
+        parser.add_argument("--pooling", default="cls", choices=POOLINGS)
+        parser.add_argument("--prefix", default=None, help='text put before every sentence (default: "query: " for e5)')
+        parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence, special tokens included")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list[Pair]:
+        if format != "auto":
+            raise ValueError(f"--format {format} does not apply to sentence pairs (s1 TAB s2 TAB label)")
+        return read_pairs(path)
+
+    @staticmethod
+    def texts(examples: list[Pair]) -> list[str]:
+        return [t for p in examples for t in (p.text_a, p.text_b)]
+
+    @classmethod
+    def configure(cls, examples: list[Pair], *, encoder: str, loss: str = "cosent", pooling: str = "cls",
+                  max_length: int = 64, prefix: str | None = None) -> SimilarityConfig:
+        """``prefix`` defaults to ``"query: "`` for e5 encoders and to nothing otherwise."""
+        labels = sorted({p.label for p in examples})
+        if loss == "sbert" and any(y != int(y) or y < 0 for y in labels):
+            raise ValueError(f"the sbert loss needs training labels 0, 1, 2, … (classes), got {labels[:5]}")
+        if prefix is None:
+            prefix = "query: " if "e5" in Path(str(encoder)).name.lower() else ""
+        return SimilarityConfig(loss=loss, pooling=pooling, max_length=max_length, prefix=prefix,
+                                num_classes=int(labels[-1]) + 1 if loss == "sbert" else 0,
+                                label_min=labels[0], label_max=labels[-1])
+
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        return {self.head_name: Pooling(self.config.pooling)}
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         return self.tokenizer([self.config.prefix + t for t in texts], truncation=True,
                               max_length=self.config.max_length)["input_ids"]
 
-    def encode(self, pairs: list[Pair]) -> list[Item]:
+    def encode(self, pairs: list[Pair]) -> list[EncodedPair]:
         a, b = self.token_ids([p.text_a for p in pairs]), self.token_ids([p.text_b for p in pairs])
-        return [Item(x, y, p.label) for x, y, p in zip(a, b, pairs)]
+        return [EncodedPair(x, y, p.label) for x, y, p in zip(a, b, pairs)]
 
-    def _inputs(self, rows: list[list[int]]) -> dict[str, Tensor]:
-        return {"input_ids": pad(rows, self.tokenizer.pad_token_id),
-                "attention_mask": pad([[1] * len(r) for r in rows], 0)}
-
-    def collate(self, items: list[Item]) -> dict[str, Tensor]:
-        batch = self._inputs([ids for it in items for ids in (it.a, it.b)])
+    def collate(self, items: list[EncodedPair]) -> dict[str, Tensor]:
+        batch = model_inputs([ids for it in items for ids in (it.a, it.b)], self.tokenizer.pad_token_id)
         batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float32)
         return batch
 
-    def loss(self, model: SentenceModel, batch: dict[str, Tensor]) -> Tensor:
+    def pair_vectors(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[self.head_name]
+        return vectors[0::2], vectors[1::2]  # the pairs were interleaved by collate
+
+    def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
         c = self.config
-        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        u, v = vectors[0::2], vectors[1::2]  # the pairs were interleaved by collate
-        if c.loss == "sbert":
-            classifier = getattr(model, "module", model).classifier  # under DDP the model arrives wrapped
-            return sbert_softmax_loss(u, v, batch["labels"].long(), classifier)
-        cos = F.cosine_similarity(u, v, dim=-1)
+        cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)
         if c.loss == "cosent":
             return cosent_loss(cos, batch["labels"], c.scale)
         return cosine_mse_loss(cos, (batch["labels"] - c.label_min) / (c.label_max - c.label_min))
 
+    def objective(self, hidden_size: int):
+        return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else self.loss
+
     @torch.no_grad()
-    def embed(self, model: SentenceModel, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+    def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
         """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``)."""
         model.eval()
         device = device_of(model)
         ids = self.token_ids(texts)
         out = np.zeros((len(texts), model.encoder.config.hidden_size), dtype=np.float32)
         for batch_idx in sorted_batches([len(r) for r in ids], batch_size):
-            batch = self._inputs([ids[i] for i in batch_idx])
-            vectors = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+            batch = model_inputs([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
+            vectors = model(input_ids=batch["input_ids"].to(device),
+                            attention_mask=batch["attention_mask"].to(device))[self.head_name]
             if normalize:
                 vectors = F.normalize(vectors, dim=-1)
             out[batch_idx] = vectors.cpu().numpy()
         return out
 
-    def evaluate(self, model: SentenceModel, pairs: list[Pair], batch_size: int = 64) -> dict:
-        texts = list(dict.fromkeys(t for p in pairs for t in (p.text_a, p.text_b)))
+    def predict(self, model, texts: list[str], batch_size: int = 64) -> np.ndarray:
+        return self.embed(model, texts, batch_size, normalize=True)
+
+    def to_json(self, prediction: np.ndarray) -> list[float]:
+        return [round(float(x), 6) for x in prediction]
+
+    def evaluate(self, model, pairs: list[Pair], batch_size: int = 64) -> dict:
+        texts = list(dict.fromkeys(self.texts(pairs)))
         row = {t: i for i, t in enumerate(texts)}
         vectors = self.embed(model, texts, batch_size, normalize=True)
         cos = [float(vectors[row[p.text_a]] @ vectors[row[p.text_b]]) for p in pairs]
         return {"spearman": spearman(cos, [p.label for p in pairs]), "pairs": len(pairs)}
 
+    @classmethod
+    def add_commands(cls, commands) -> None:
+        p = add_text_command(commands, cls, "embed", "sentence vectors from a trained sentence-embedding model",
+                             embed, batch_size=64)
+        p.add_argument("--output", default=None, help="write a [n, hidden] float32 .npy file instead of JSON lines")
+        p.add_argument("--no-normalize", action="store_true", help="raw pooled vectors, not L2-normalised")
 
-def train_sts(train_path, dev_path, *, out, encoder: str = "e5-small", loss: str = "cosent", pooling: str = "cls",
-              max_length: int = 64, prefix: str | None = None, encoder_layers: int | None = None, config=None,
-              resume: bool = True, progress: bool = True) -> dict:
-    """Train sentence embeddings on ``train_path`` pairs; the best model on ``dev_path`` (Spearman) goes to
-    ``out/best``. ``prefix`` defaults to ``"query: "`` for e5 encoders and to nothing otherwise."""
-    import json
+    @classmethod
+    def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
+        """Format 1 (task ``sts``) saved the Sentence-BERT classifier, a training-only weight: it is dropped."""
+        return meta, rename_weights(weights, {"classifier.": None})
 
-    from zhie.data.sts import read_pairs
-    from zhie.tasks.base import prepare_encoder
-    from zhie.training import TrainConfig, train
 
-    config = config or TrainConfig()
-    out = Path(out)
-    train_pairs, dev_pairs = read_pairs(train_path), read_pairs(dev_path)
-    labels = sorted({p.label for p in train_pairs})
-    if loss == "sbert" and any(y != int(y) or y < 0 for y in labels):
-        raise ValueError(f"{train_path}: the sbert loss needs labels 0, 1, 2, … (classes), got {labels[:5]}")
-    if prefix is None:
-        prefix = "query: " if "e5" in Path(str(encoder)).name.lower() else ""
-    sts_config = StsConfig(loss=loss, pooling=pooling, max_length=max_length, prefix=prefix,
-                           num_classes=int(labels[-1]) + 1 if loss == "sbert" else 0,
-                           label_min=labels[0], label_max=labels[-1])
-    texts = [t for p in train_pairs + dev_pairs for t in (p.text_a, p.text_b)]
-    enc, tokenizer = prepare_encoder(encoder, texts=texts, mode="subword", layers=encoder_layers, seed=config.seed)
-    task = StsTask(sts_config, tokenizer)
-    items = task.encode(train_pairs)
-    model = SentenceModel(enc, sts_config)
-    out.mkdir(parents=True, exist_ok=True)
-    summary = {"train": str(train_path), "dev": str(dev_path), "pairs": len(train_pairs), "labels": labels[:20],
-               "encoder": encoder, "loss": loss, "pooling": pooling, "prefix": prefix}
-    (out / "data_stats.json").write_text(json.dumps(summary, ensure_ascii=False, indent=2), encoding="utf-8")
-    if progress:
-        print(json.dumps(summary, ensure_ascii=False))
-
-    def evaluate(m: SentenceModel) -> dict:
-        return {"spearman": task.evaluate(m, dev_pairs)["spearman"]}
-
-    # no length grouping: CoSENT ranks the pairs of a batch against each other, so batches are random (spec §4.1)
-    return train(model, items, collate=task.collate, loss_fn=task.loss, config=config, out_dir=out,
-                 evaluate=evaluate, metric="spearman", save_best=task.save, resume=resume, progress=progress)
+def embed(pipe: SentencePipeline, texts: list[str], args) -> None:
+    """``zhie embed``: JSON lines with the vectors, or a ``.npy`` file with ``--output``."""
+    vectors = pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize)
+    if args.output:
+        atomic_write(Path(args.output), lambda f: np.save(f, vectors))
+        print(f"{args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32", file=sys.stderr)
+    else:
+        for text, v in zip(texts, vectors):
+            print(json.dumps({"text": text, "embedding": pipe.task.to_json(v)}, ensure_ascii=False))

@@ -18,10 +18,9 @@ class TrainConfig:
 
     epochs: int = 3
     max_steps: int | None = None      # stop after this many optimizer steps (overrides epochs when reached)
-    batch_size: int = 32
+    batch_size: int = 32              # items per batch and process (a step sees batch_size x processes x grad_accum)
     lr: float = 2e-5                  # encoder learning rate
     head_lr: float | None = None      # learning rate of everything that is not the encoder; None -> lr
-    crf_lr_multiplier: float = 100.0  # CRF transition parameters get lr * multiplier
     weight_decay: float = 0.01        # not applied to biases and LayerNorm/norm weights
     warmup: float = 0.1               # fraction of total optimizer steps, linear warm-up then linear decay to 0
     grad_accum: int = 1
@@ -48,8 +47,6 @@ class TrainConfig:
             positive(name, allow_none=True)
         if self.lr < 0 or (self.head_lr is not None and self.head_lr < 0):
             raise ValueError(f"learning rates must be >= 0, got lr={self.lr}, head_lr={self.head_lr}")
-        if self.crf_lr_multiplier <= 0:
-            raise ValueError(f"TrainConfig.crf_lr_multiplier must be > 0, got {self.crf_lr_multiplier}")
         if self.weight_decay < 0:
             raise ValueError(f"TrainConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if not 0.0 <= self.warmup <= 1.0:

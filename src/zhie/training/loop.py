@@ -6,6 +6,12 @@ own learning rates, AdamW with linear warm-up/decay, gradient accumulation and c
 batches, EMA weights, evaluation with best-model saving and early stopping, metric logging and a plot, and
 checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks, same
 weights). Device placement, mixed precision and DDP come from :mod:`accelerate`.
+
+Several processes (``torchrun`` / ``accelerate launch``): each step's global batch of ``batch_size x processes``
+items (the batch one process would draw with that size) is cut into one slice per process, so N processes with
+``batch_size`` B compute the step of one process with ``batch_size`` N x B (for losses that are means over the
+items of a batch). Each process draws its own dropout masks (seed + rank); the main process alone evaluates (and
+tells the others the result), writes the logs, the checkpoint and the best model.
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from tqdm.auto import tqdm
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
 from .config import TrainConfig
+from .dist import broadcast_object
 from .ema import EMA
-from .optim import build_param_groups, build_scheduler
+from .optim import build_param_groups, build_scheduler, with_lr_multipliers
 from .report import append_jsonl, jsonable, plot_history, write_jsonl
 
 __all__ = ["train"]
@@ -36,10 +43,23 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 PLOT = "training.png"
 BEST = "best"
-_CHECKPOINT_FORMAT = 1
+_CHECKPOINT_FORMAT = 2  # 2: the model and its loss module under "model." and "loss_fn."
 # Config fields that may change between an interrupted run and its resumption (they do not change what is
 # computed).
 _RESUMABLE_CHANGES = {"save_every"}
+
+
+class _Objective(nn.Module):
+    """The model and its loss as one module: DDP wraps both (a loss with weights of its own, such as Sentence-BERT's
+    classifier, is trained and synchronised too), and the loss is handed the bare model."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn  # registered as a submodule when it is an nn.Module
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        return self.loss_fn(self.model, batch)
 
 
 @dataclass
@@ -119,8 +139,9 @@ def train(
         train_items: already-encoded examples, opaque to the loop.
         collate: list of items -> dict of tensors (padded by the task). If it has ``"attention_mask"``,
             tokens/s is logged (tokens = ``attention_mask.sum()``).
-        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device. In multi-process
-            (DDP) runs ``model`` is the DDP wrapper: call it, do not reach into its attributes.
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device and ``model`` is the
+            bare model (also under DDP). An ``nn.Module`` loss may hold weights of its own: they are trained,
+            checkpointed and synchronised with the model's, and not saved with it.
         config: :class:`TrainConfig`.
         out_dir: receives ``checkpoint.pt``, ``metrics.jsonl``, ``training.png`` and ``best/``.
         evaluate: ``evaluate(model) -> metrics``, called in eval mode under ``torch.no_grad()`` with the EMA
@@ -130,7 +151,8 @@ def train(
         save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is
             empty). It is given a temporary directory that then replaces ``out_dir/best``.
         lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
-        param_groups: AdamW parameter groups; default :func:`build_param_groups`.
+        param_groups: AdamW parameter groups; default :func:`build_param_groups`. Parameters that a module tags
+            with a learning-rate multiplier (the CRF transitions) are moved to groups of their own either way.
         resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
         progress: show a tqdm bar (main process only).
     """
@@ -147,8 +169,10 @@ def train(
         recover_dir(out_dir / BEST)
     ckpt_path, metrics_path, plot_path = out_dir / CHECKPOINT, out_dir / METRICS, out_dir / PLOT
 
-    # Each process takes every world-th batch; batches that do not fill a round of all processes are dropped.
-    batches_per_epoch = math.ceil(n_items / config.batch_size) // world
+    # Global batches of batch_size x world items, one slice per process; with several processes a last batch that
+    # cannot give every process a full slice is dropped.
+    global_batch = config.batch_size * world
+    batches_per_epoch = math.ceil(n_items / global_batch) if world == 1 else n_items // global_batch
     if batches_per_epoch == 0:
         raise ValueError(f"{n_items} training items make no batch for {world} process(es) "
                          f"(batch_size={config.batch_size})")
@@ -157,10 +181,17 @@ def train(
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
 
-    groups = build_param_groups(model, config) if param_groups is None else _named_groups(param_groups)
+    bare_model = model
+    objective = _Objective(model, loss_fn)
+    if param_groups is None:
+        groups = build_param_groups(objective, config)
+    else:
+        own = [p for p in objective.loss_fn.parameters()] if isinstance(loss_fn, nn.Module) else []
+        groups = with_lr_multipliers(objective, _named_groups(param_groups + ([{"params": own}] if own else [])),
+                                     config.lr)
     optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
     scheduler = build_scheduler(optimizer, total_steps, config.warmup)
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    model, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
     raw = accelerator.unwrap_model(model)
     ema = EMA(raw, config.ema) if config.ema is not None else None
     meta = {"format": _CHECKPOINT_FORMAT, "config": asdict(config), "n_items": n_items,
@@ -182,7 +213,7 @@ def train(
         if is_main:  # drop evaluations logged after the checkpoint: they are about to be redone
             write_jsonl(metrics_path, p.history)
     else:
-        set_seed(config.seed)
+        set_seed(config.seed + rank)  # one stream of dropout masks per process (DDP has synchronised the weights)
         if is_main:
             ckpt_path.unlink(missing_ok=True)
             metrics_path.unlink(missing_ok=True)
@@ -198,7 +229,7 @@ def train(
 
     def write_best() -> None:
         if is_main and save_best is not None:
-            replace_dir(out_dir / BEST, lambda directory: save_best(raw, directory))
+            replace_dir(out_dir / BEST, lambda directory: save_best(bare_model, directory))
 
     def evaluate_and_log(epoch_position: float) -> bool:
         """Evaluate, keep the best model, log; True when early stopping says stop."""
@@ -212,23 +243,26 @@ def train(
             "dev": {},
         }
         if evaluate is not None:
-            with ema_weights():
-                model.eval()
-                try:
-                    with torch.no_grad():
-                        metrics = jsonable(evaluate(raw))
-                finally:
-                    model.train()
-                if not isinstance(metrics, dict) or not isinstance(metrics.get(metric), (int, float)):
-                    raise ValueError(f"evaluate() must return a dict with a number under metric={metric!r}, "
-                                     f"got {metrics!r}")
-                score = float(metrics[metric])
-                record["dev"] = metrics
-                if not math.isnan(score) and (p.best_score is None or score > p.best_score):
-                    p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
-                    write_best()
-                else:
-                    p.bad_evals += 1
+            metrics = None
+            if is_main:  # once, on the main process; the others wait for its result
+                with ema_weights():
+                    model.eval()
+                    try:
+                        with torch.no_grad():
+                            metrics = jsonable(evaluate(bare_model))
+                    finally:
+                        model.train()
+            metrics = broadcast_object(metrics)
+            if not isinstance(metrics, dict) or not isinstance(metrics.get(metric), (int, float)):
+                raise ValueError(f"evaluate() must return a dict with a number under metric={metric!r}, "
+                                 f"got {metrics!r}")
+            score = float(metrics[metric])
+            record["dev"] = metrics
+            if not math.isnan(score) and (p.best_score is None or score > p.best_score):
+                p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
+                write_best()
+            else:
+                p.bad_evals += 1
         p.history.append(record)
         window.reset()
         if is_main:
@@ -258,8 +292,8 @@ def train(
     try:
         while not p.finished:
             # The epoch's batches are a pure function of (seed, epoch): a resumed run skips those done.
-            batches = epoch_batches(n_items, config.batch_size, seed=config.seed, epoch=p.epoch, lengths=lengths)
-            batches = batches[:batches_per_epoch * world][rank::world]
+            batches = epoch_batches(n_items, global_batch, seed=config.seed, epoch=p.epoch, lengths=lengths)
+            batches = [b[rank * config.batch_size:(rank + 1) * config.batch_size] for b in batches[:batches_per_epoch]]
             epoch_end = False
             while not (epoch_end or p.finished):
                 step_start = time.perf_counter()
@@ -268,7 +302,7 @@ def train(
                     batch = _to_device(collate([train_items[j] for j in indices]), accelerator.device)
                     last_in_group = i == len(group) - 1
                     with nullcontext() if last_in_group else accelerator.no_sync(model):
-                        loss = loss_fn(model, batch)
+                        loss = model(batch)
                         if not isinstance(loss, Tensor) or loss.dim() != 0:
                             raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
                         accelerator.backward(loss / len(group))

@@ -24,54 +24,69 @@ def _no_decay_ids(model: nn.Module) -> set[int]:
     return ids
 
 
+def lr_multipliers(model: nn.Module) -> dict[int, float]:
+    """``{id(parameter): multiplier}`` from every submodule that has ``lr_multipliers() -> {own name: factor}``
+    (e.g. :class:`zhie.heads.CRF`): the tag travels with the module, wherever it sits in ``model``."""
+    out = {}
+    for module in model.modules():
+        if callable(getattr(module, "lr_multipliers", None)):
+            params = dict(module.named_parameters())
+            out.update({id(params[name]): factor for name, factor in module.lr_multipliers().items()})
+    return out
+
+
+def is_encoder_parameter(name: str) -> bool:
+    """Parameters under a submodule called ``encoder`` (``encoder.…``, ``model.encoder.…``, ``student.encoder.…``)."""
+    return "encoder" in name.split(".")[:-1]
+
+
 def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     """AdamW parameter groups with their own learning rate and weight decay.
 
-    * ``encoder`` / ``encoder_no_decay``: parameters of ``model.encoder`` (if the model has one), lr ``config.lr``;
+    * ``encoder`` / ``encoder_no_decay``: parameters under a submodule named ``encoder`` (``model.encoder``, or
+      ``x.encoder`` in a composite such as a multi-task model), lr ``config.lr``;
     * ``head`` / ``head_no_decay``: everything else, lr ``config.head_lr`` (``None`` -> ``config.lr``);
-    * ``crf``: the tensors returned by ``transition_parameters()`` of any submodule that has that method,
-      lr ``lr * crf_lr_multiplier`` (a multiple of the *encoder* learning rate, as in bert4keras where the
-      multiplier scales the one global rate; spec §8: >= 100x the body lr) and no weight decay (with Adam a
-      separate group with lr x m equals bert4keras's re-parametrisation).
+    * ``lr_x{m}``: parameters that a module tags with a learning-rate multiplier ``m`` (``lr_multipliers()``, the
+      CRF transitions, spec §8.1), lr ``config.lr * m`` (a multiple of the *encoder* learning rate, as in bert4keras
+      where the multiplier scales the one global rate) and no weight decay.
 
     ``*_no_decay`` groups hold biases and norm weights (names containing one of :data:`NO_DECAY`, or parameters
     of a module whose class name contains "Norm") and get weight decay 0. Frozen parameters
     (``requires_grad=False``) are left out; empty groups are dropped. Every group carries a ``"name"`` key.
     """
     head_lr = config.lr if config.head_lr is None else config.head_lr
-    crf_ids = {
-        id(p)
-        for module in model.modules()
-        if callable(getattr(module, "transition_parameters", None))
-        for p in module.transition_parameters()
-    }
-    encoder = getattr(model, "encoder", None)
-    encoder_ids = {id(p) for p in encoder.parameters()} if isinstance(encoder, nn.Module) else set()
-
     settings = {
         "encoder": (config.lr, config.weight_decay),
         "encoder_no_decay": (config.lr, 0.0),
         "head": (head_lr, config.weight_decay),
         "head_no_decay": (head_lr, 0.0),
-        "crf": (config.lr * config.crf_lr_multiplier, 0.0),
     }
     no_decay = _no_decay_ids(model)
     params: dict[str, list[nn.Parameter]] = {name: [] for name in settings}
-    for p in model.parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in crf_ids:
-            group = "crf"
-        else:
-            group = "encoder" if id(p) in encoder_ids else "head"
-            if id(p) in no_decay:
-                group += "_no_decay"
-        params[group].append(p)
-    return [
-        {"name": name, "params": params[name], "lr": lr, "weight_decay": decay}
-        for name, (lr, decay) in settings.items()
-        if params[name]
-    ]
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            group = ("encoder" if is_encoder_parameter(name) else "head") + ("_no_decay" if id(p) in no_decay else "")
+            params[group].append(p)
+    groups = [{"name": name, "params": params[name], "lr": lr, "weight_decay": decay}
+              for name, (lr, decay) in settings.items() if params[name]]
+    return with_lr_multipliers(model, groups, config.lr)
+
+
+def with_lr_multipliers(model: nn.Module, groups: list[dict], base_lr: float) -> list[dict]:
+    """``groups`` with every parameter that a module of ``model`` tags with a multiplier ``m`` moved to a group
+    ``lr_x{m}`` of lr ``base_lr * m`` and no weight decay; applied to any groups, a caller's own included."""
+    tagged = lr_multipliers(model)
+    out, moved = [], {}
+    for group in groups:
+        keep = [p for p in group["params"] if id(p) not in tagged]
+        for p in group["params"]:
+            if id(p) in tagged:
+                moved.setdefault(tagged[id(p)], []).append(p)
+        if keep:
+            out.append({**group, "params": keep})
+    for factor, params in moved.items():
+        out.append({"name": f"lr_x{factor:g}", "params": params, "lr": base_lr * factor, "weight_decay": 0.0})
+    return out
 
 
 def linear_warmup_decay(step: int, warmup_steps: int, total_steps: int) -> float:

@@ -1,0 +1,43 @@
+"""A model is an encoder plus named heads: one encoder pass, every head on its output.
+
+Several tasks can share one encoder by putting their heads in one :class:`Model` (multi-task training), and a
+teacher and a student are two models. ``forward`` always returns a dict ``{head name: that head's output}``; each
+head documents its output type (:mod:`zhie.heads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from torch import Tensor, nn
+
+__all__ = ["Model"]
+
+
+class Model(nn.Module):
+    """``Model(encoder, {"ner": GlobalPointer(...)})``; ``encoder`` is what :func:`zhie.encoders.load` returns.
+
+    A head reads the encoder's last hidden states, or, if it has a ``layers`` attribute (indices into the
+    encoder's ``hidden_states``, 0 = embeddings), the average of those layers (e.g. ``(1, -1)`` for
+    first-last-avg pooling); the encoder is asked for all its layers only when a head needs them.
+    """
+
+    def __init__(self, encoder: nn.Module, heads: Mapping[str, nn.Module]) -> None:
+        super().__init__()
+        if not heads:
+            raise ValueError("a model needs at least one head")
+        self.encoder = encoder
+        self.heads = nn.ModuleDict(heads)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, object]:
+        layers = {name: tuple(getattr(head, "layers", (-1,))) for name, head in self.heads.items()}
+        all_layers = any(ids != (-1,) for ids in layers.values())
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_layers)
+        outputs = {}
+        for name, head in self.heads.items():
+            if layers[name] == (-1,):
+                hidden = out.last_hidden_state
+            else:
+                hidden = sum(out.hidden_states[i] for i in layers[name]) / len(layers[name])
+            outputs[name] = head(hidden, attention_mask)
+        return outputs
