@@ -22,8 +22,8 @@ import torch
 from common import DATA, RESULTS, append_result, machine
 from safetensors.torch import load_file
 
+import zhie
 from zhie.data.cws import read_segmented, write_segmented
-from zhie.tasks.cws import train_cws
 from zhie.training import TrainConfig
 
 SXU = DATA / "cws" / "sxu"
@@ -95,10 +95,10 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         train_file = out.parent / f"sxu_train_{args.train_limit}.txt"
         write_segmented(read_segmented(SXU / "train.txt")[: args.train_limit], train_file)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.lr,
-                         crf_lr_multiplier=args.multiplier, seed=args.seed)
-    result = train_cws(train_file, SXU / "test.txt", out=out, encoder=args.encoder, head=args.run,
-                       max_length=args.max_length, encoder_layers=args.layers, config=config, progress=False)
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.lr, seed=args.seed)
+    options = {"crf_lr_multiplier": args.multiplier} if args.run == "crf" else {}
+    result = zhie.fit("cws", train_file, SXU / "test.txt", out=out, encoder=args.encoder, head=args.run,
+                      max_length=args.max_length, encoder_layers=args.layers, config=config, progress=False, **options)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     row = {"run": name, "head": args.run, "multiplier": args.multiplier if args.run == "crf" else None,
            "encoder_layers": args.layers or "all", "lr": args.lr, "epochs": args.epochs,

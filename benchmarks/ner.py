@@ -23,7 +23,6 @@ from common import DATA, append_result, machine, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
-from zhie.tasks.ner import train_ner
 from zhie.training import TrainConfig
 
 DATA = DATA / "ner"
@@ -62,11 +61,12 @@ def run(args) -> dict:
     out = Path(args.out) / f"{args.dataset}-{args.head}"
     train_file, dev_file = dataset_files(args.dataset, Path(args.out))
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
-                         crf_lr_multiplier=args.crf_lr_multiplier, seed=args.seed, max_steps=args.max_steps)
+                         seed=args.seed, max_steps=args.max_steps)
     start = time.time()
-    result = train_ner(train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
-                       max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
-                       encoder_layers=args.encoder_layers, config=config, resume=True, progress=not args.quiet)
+    result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
+                      max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
+                      crf_lr_multiplier=args.crf_lr_multiplier, encoder_layers=args.encoder_layers, config=config,
+                      resume=True, progress=not args.quiet)
     train_s = time.time() - start
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     dev_texts = [ex.text for ex in read_ner(dev_file)]

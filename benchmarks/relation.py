@@ -21,10 +21,12 @@ from types import SimpleNamespace
 import torch
 from common import DATA, append_result, machine, peak_memory_mb
 
+import zhie
 from zhie.data.spo import read_schema, read_spo
 from zhie.losses import multilabel_categorical_crossentropy
-from zhie.tasks.base import prepare_encoder
-from zhie.tasks.relation import RelationConfig, RelationModel, RelationTask, train_relations
+from zhie.model import Model
+from zhie.tasks.base import prepare_encoder, seeded
+from zhie.tasks.relation import RelationConfig, RelationTask
 from zhie.text import windows
 from zhie.training import TrainConfig
 
@@ -36,10 +38,11 @@ def untrained(args):
     """e5-small (pruned to the data's characters) with freshly initialised GPLinker heads, on the GPU if any."""
     train, dev = read_spo(CMEIE / "train.jsonl"), read_spo(CMEIE / "dev.jsonl")
     enc, tokenizer = prepare_encoder(args.encoder, texts=[ex.text for ex in train + dev], seed=args.seed)
-    task = RelationTask(RelationConfig(read_schema(CMEIE / "schema.json"), variant=args.variant,
+    task = RelationTask(RelationConfig(read_schema(CMEIE / "schema.json"), head=args.variant,
                                        max_length=args.max_length), tokenizer)
-    torch.manual_seed(args.seed)
-    model = RelationModel(enc, task.config).to("cuda" if torch.cuda.is_available() else "cpu")
+    with seeded(args.seed):
+        model = Model(enc, task.build_heads(enc.config.hidden_size))
+    model.to("cuda" if torch.cuda.is_available() else "cpu")
     return task, model, train, dev
 
 
@@ -48,9 +51,9 @@ def train_run(args) -> dict:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, max_steps=args.max_steps, ema=args.ema)
     start = time.time()
-    result = train_relations(CMEIE / "train.jsonl", CMEIE / "dev.jsonl", out=out, schema=CMEIE / "schema.json",
-                             encoder=args.encoder, variant=args.variant, max_length=args.max_length,
-                             config=config, resume=True, progress=not args.quiet)
+    result = zhie.fit("re", CMEIE / "train.jsonl", CMEIE / "dev.jsonl", out=out, schema=CMEIE / "schema.json",
+                      encoder=args.encoder, head=args.variant, max_length=args.max_length,
+                      config=config, resume=True, progress=not args.quiet)
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"run": "train", "variant": args.variant, "epochs": args.epochs, "batch_size": args.batch_size,
             "lr": args.lr, "head_lr": args.head_lr, "ema": args.ema, "max_length": args.max_length,
@@ -84,8 +87,10 @@ def memory_run(args) -> dict:
     row = {"run": "memory", "variant": args.variant, "batch_size": args.batch_size, "tokens": n,
            "heads": heads, "sparse_label_mb": sum(batch[f"{h}_labels"].numel() * 8 for h in HEADS) / 2**20,
            "dense_label_mb": args.batch_size * heads * n * n * 4 / 2**20}
-    for name, loss_fn in (("sparse", lambda: task.loss(model, batch)),
-                          ("dense", lambda: dense_loss(model(batch["input_ids"], batch["attention_mask"]), batch))):
+    def dense() -> torch.Tensor:
+        return dense_loss(model(batch["input_ids"], batch["attention_mask"])["re"], batch)
+
+    for name, loss_fn in (("sparse", lambda: task.loss(model, batch)), ("dense", dense)):
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -133,9 +138,9 @@ def decode_run(args) -> dict:
     task, model, _, dev = untrained(args)
     model.eval()
     device = next(model.parameters()).device
-    size, stride = task.window
+    size, overlap = task.window
     encodings = [task.text_tokenizer(ex.text) for ex in dev]
-    jobs = [enc.ids[a:b] for enc in encodings if len(enc) for a, b in windows(len(enc), size, stride)]
+    jobs = [enc.ids[a:b] for enc in encodings if len(enc) for a, b in windows(len(enc), size, overlap)]
     vector_s = model_s = 0.0
     per_cell_s, per_cell_windows, triples, same = 0.0, 0, 0, True
     with torch.no_grad():
@@ -143,11 +148,11 @@ def decode_run(args) -> dict:
             chunk = jobs[start : start + args.eval_batch_size]
             batch = task.collate_inputs([SimpleNamespace(ids=ids) for ids in chunk])
             t0 = time.perf_counter()
-            logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            logits = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))["re"]
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t1 = time.perf_counter()
-            rows = task.decode(model, logits)
+            rows = task.decode_logits(logits)
             t2 = time.perf_counter()
             model_s, vector_s = model_s + t1 - t0, vector_s + t2 - t1
             triples += sum(map(len, rows))
@@ -159,7 +164,7 @@ def decode_run(args) -> dict:
                 per_cell_s += time.perf_counter() - t3
                 per_cell_windows += 1
                 # equal up to the order of tied scores at the max_triples cut (fp32 against Python floats)
-                fast_scores, slow_scores = sorted(t[5] for t in rows[b]), sorted(t[5] for t in slow)
+                fast_scores, slow_scores = sorted(t.score for t in rows[b]), sorted(t[5] for t in slow)
                 same &= len(fast_scores) == len(slow_scores) and \
                     all(abs(x - y) < 1e-5 for x, y in zip(fast_scores, slow_scores))
     return {"run": "decode", "variant": args.variant, "windows": len(jobs), "triples_decoded": triples,

@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 from common import DATA, append_result, machine, peak_memory_mb
 
+import zhie
 from zhie.data.sts import read_pairs
+from zhie.model import Model
 from zhie.tasks.base import prepare_encoder
-from zhie.tasks.similarity import SentenceModel, StsConfig, StsTask, train_sts
+from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig
 
 
@@ -45,17 +47,18 @@ def main() -> None:
     if args.baseline:
         pairs = read_pairs(valid_file)
         encoder, tokenizer = prepare_encoder(args.encoder, texts=[], mode="subword")
-        config = StsConfig(pooling=args.pooling, max_length=args.max_length, prefix="query: ")
-        model = SentenceModel(encoder, config).to("cuda" if torch.cuda.is_available() else "cpu")
-        spearman = StsTask(config, tokenizer).evaluate(model, pairs)["spearman"]
+        task = SimilarityTask(SimilarityConfig(pooling=args.pooling, max_length=args.max_length, prefix="query: "),
+                              tokenizer)
+        model = Model(encoder, task.build_heads(encoder.config.hidden_size))
+        spearman = task.evaluate(model.to("cuda" if torch.cuda.is_available() else "cpu"), pairs)["spearman"]
         row.update({"loss": "none (untrained)", "spearman": spearman})
     else:
         out = Path(args.out) / f"sts-{args.dataset}-{args.loss}"
         config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
         start = time.time()
-        result = train_sts(train_file, valid_file, out=out, encoder=args.encoder, loss=args.loss,
-                           pooling=args.pooling, max_length=args.max_length, config=config, resume=True,
-                           progress=not args.quiet)
+        result = zhie.fit("sts", train_file, valid_file, out=out, encoder=args.encoder, loss=args.loss,
+                          pooling=args.pooling, max_length=args.max_length, config=config, resume=True,
+                          progress=not args.quiet)
         history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         row.update({"loss": args.loss, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                     "spearman": result["best"]["spearman"], "spearman_epoch1": history[0]["dev"]["spearman"],

@@ -10,9 +10,9 @@ from zhie import encoders
 from zhie.cli import main
 from zhie.data.cws import read_segmented, words_to_example, write_segmented
 from zhie.heads import bmes_allowed_transitions
+from zhie.model import Model
 from zhie.spans import Span, spans_to_tags, tags_to_spans
-from zhie.tasks.cws import CwsTask, partition, train_cws
-from zhie.tasks.ner import NerModel
+from zhie.tasks.cws import CwsTask, partition
 from zhie.training import TrainConfig
 
 from .conftest import DATA
@@ -39,7 +39,7 @@ def test_reader_and_bmes_round_trip_on_real_sentences(tmp_path):
 
 def test_long_sentences_are_cut_at_word_boundaries():
     _, tokenizer = encoders.tiny(["我们今天去北京天安门广场"])
-    task = CwsTask(CwsTask.make_config("crf", max_length=8), tokenizer)
+    task = CwsTask(CwsTask.configure([], encoder="tiny", head="crf", max_length=8), tokenizer)
     ex = words_to_example(["我们", "今天", "去", "北京", "天安门广场", "我们今天去北京天安门"])
     pieces = task.split_long([ex])
     assert "".join(p.text for p in pieces) == ex.text
@@ -53,10 +53,11 @@ def test_long_sentences_are_cut_at_word_boundaries():
 @pytest.fixture(scope="module")
 def crf_segmenter():
     encoder, tokenizer = encoders.tiny(["北京"])
-    task = CwsTask(CwsTask.make_config("crf"), tokenizer)
-    model = NerModel(encoder, task.config)
+    task = CwsTask(CwsTask.configure([], encoder="tiny"), tokenizer)
+    model = Model(encoder, task.build_heads(encoder.config.hidden_size))
     torch.manual_seed(0)
-    torch.nn.init.normal_(model.crf.transitions, std=3.0)  # strong random transitions fight the constraints
+    # strong random transitions fight the constraints
+    torch.nn.init.normal_(model.heads["cws"].crf.transitions, std=3.0)
     return task, model
 
 
@@ -68,12 +69,12 @@ def test_constrained_viterbi_never_outputs_a_forbidden_transition(crf_segmenter,
     n = len(emissions)
     logits = torch.zeros(1, n + 2, 4)
     logits[0, 1:-1] = torch.tensor(emissions)
-    (row,) = task.decode(model, logits, torch.ones(1, n + 2, dtype=torch.long))
+    (row,) = task.decode(model, {"cws": logits}, torch.ones(1, n + 2, dtype=torch.long))
     # the decoded words tile the sequence exactly: every position is in exactly one word
-    covered = [t for s, e, _, _ in sorted(row) for t in range(s, e + 1)]
+    covered = [t for hit in sorted(row, key=lambda h: h.start) for t in range(hit.start, hit.end)]
     assert covered == list(range(n))
     allowed, start, end = bmes_allowed_transitions(["S", "B", "M", "E"])
-    paths, _ = model.crf.viterbi(logits[:, 1:-1], allowed=allowed, allowed_start=start, allowed_end=end)
+    paths, _ = model.heads["cws"].crf.viterbi(logits[:, 1:-1], allowed=allowed, allowed_start=start, allowed_end=end)
     path = paths[0].tolist()
     assert start[path[0]] and end[path[-1]] and all(allowed[a, b] for a, b in zip(path, path[1:]))
 
@@ -92,7 +93,7 @@ def sxu_model(tmp_path_factory):
     sample = read_segmented(SXU / "train.txt")[:200]
     write_segmented(sample, out / "train.txt")
     config = TrainConfig(epochs=8, batch_size=16, lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
-    train_cws(out / "train.txt", out / "train.txt", out=out / "run", encoder="tiny", head="crf", max_length=128,
+    zhie.fit("cws", out / "train.txt", out / "train.txt", out=out / "run", encoder="tiny", head="crf", max_length=128,
               config=config, resume=False, progress=False)
     return out
 

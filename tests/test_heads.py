@@ -11,6 +11,7 @@ from torch import nn
 
 from zhie.heads import (
     CRF,
+    CrfTagger,
     EfficientGlobalPointer,
     GlobalPointer,
     SoftmaxTagger,
@@ -21,6 +22,7 @@ from zhie.heads import (
     masking_value,
 )
 from zhie.losses import MASKED_LOGIT_THRESHOLD
+from zhie.training import TrainConfig, build_param_groups
 
 torchcrf = pytest.importorskip("torchcrf")
 
@@ -185,7 +187,7 @@ def _random_crf(num_tags: int, seed: int, scale: float = 1.0, start_end: bool = 
     g = torch.Generator().manual_seed(seed)
     crf = CRF(num_tags, start_end_transitions=start_end)
     with torch.no_grad():
-        for p in crf.transition_parameters():
+        for p in crf.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * scale)
     return crf
 
@@ -223,7 +225,7 @@ def test_crf_matches_pytorch_crf(start_end):
         theirs = ref(emissions, tags.clamp_min(0), mask, reduction="none")
         assert ours.shape == (7,)
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
-        assert crf.decode(emissions, mask) == ref.decode(emissions, mask)
+        assert decode(crf, emissions, mask) == ref.decode(emissions, mask)
     # no mask == all-ones mask
     full = torch.ones(tags.shape, dtype=torch.bool)
     torch.testing.assert_close(crf(emissions, tags.clamp_min(0)),
@@ -260,6 +262,12 @@ def test_crf_log_partition_and_viterbi_brute_force():
             assert (best_tags[i, length:] == -1).all()
 
 
+def decode(crf: CRF, emissions, mask, **constraints) -> list[list[int]]:
+    """Best paths as lists of their ``length_i`` tag ids (pytorch-crf's ``decode``)."""
+    tags, _ = crf.viterbi(emissions, mask, **constraints)
+    return [row[row >= 0].tolist() for row in tags]
+
+
 def _violations(path: list[int], allowed, start, end) -> int:
     bad = int(not start[path[0]]) + int(not end[path[-1]])
     return bad + sum(int(not allowed[a, b]) for a, b in itertools.pairwise(path))
@@ -276,15 +284,15 @@ def test_constrained_decode(labels, helper):
     L = len(labels)
     crf = _random_crf(L, seed=6, scale=3.0)
     emissions, _, mask = _ragged(b=64, n=10, L=L, seed=7, scale=2.0)
-    free = crf.decode(emissions, mask)
+    free = decode(crf, emissions, mask)
     assert sum(_violations(p, allowed, start, end) for p in free) > 0  # the constraints do matter here
-    constrained = crf.decode(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
+    constrained = decode(crf, emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
     assert [len(p) for p in constrained] == mask.sum(1).tolist()
     assert all(_violations(p, allowed, start, end) == 0 for p in constrained)
 
     # tiny cases: equals the best allowed path found by enumeration
     emissions, _, mask = _ragged(b=8, n=4, L=L, seed=8, scale=2.0)
-    constrained = crf.decode(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
+    constrained = decode(crf, emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
     with torch.no_grad():
         for i, length in enumerate(mask.sum(1).tolist()):
             paths = _all_paths(L, length)
@@ -312,7 +320,7 @@ def test_allowed_transition_helpers():
                              [True, True, False, False]])  # from E
     assert torch.equal(allowed, expected)
     assert start.tolist() == [True, True, False, False] and end.tolist() == [True, False, False, True]
-    with pytest.raises(ValueError, match="cannot read tag"):
+    with pytest.raises(ValueError, match="malformed BIO tag"):
         bio_allowed_transitions(["O", "X-PER"])
 
 
@@ -320,14 +328,10 @@ def _train_crf(multiplier: float, steps: int = 3):
     torch.manual_seed(0)
     L = 4
     encoder = nn.Linear(8, L)
-    crf = CRF(L)
-    transition_ids = {id(p) for p in crf.transition_parameters()}
-    assert {id(crf.transitions), id(crf.start_transitions), id(crf.end_transitions)} == transition_ids
-    assert not transition_ids & {id(p) for p in encoder.parameters()}
-    optimizer = torch.optim.AdamW([
-        {"params": list(encoder.parameters()), "lr": 1e-3},
-        {"params": crf.transition_parameters(), "lr": 1e-3 * multiplier},
-    ])
+    crf = CRF(L, lr_multiplier=multiplier)
+    assert crf.lr_multipliers() == dict.fromkeys(["transitions", "start_transitions", "end_transitions"], multiplier)
+    optimizer = torch.optim.AdamW(build_param_groups(nn.ModuleDict({"encoder": encoder, "crf": crf}),
+                                                     TrainConfig(lr=1e-3, weight_decay=0.0)))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 6, 8, generator=g)
     tags = torch.randint(0, L, (16, 6), generator=g)
@@ -352,7 +356,7 @@ def test_crf_transitions_learn_with_their_own_learning_rate():
 def test_crf_rejects_left_padding():
     crf = CRF(3)
     with pytest.raises(ValueError, match="first timestep"):
-        crf.decode(torch.zeros(2, 3, 3), torch.tensor([[1, 1, 1], [0, 1, 1]]))
+        crf.viterbi(torch.zeros(2, 3, 3), torch.tensor([[1, 1, 1], [0, 1, 1]]))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -365,7 +369,23 @@ def test_softmax_tagger():
     logits = tagger(h)
     assert logits.shape == (2, 4, 5)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    decoded = tagger.decode(logits, mask)
-    argmax = logits.argmax(-1).tolist()
-    assert decoded == [argmax[0], argmax[1][:2]]
-    assert tagger.decode(logits) == argmax
+    argmax = logits.argmax(-1)
+    assert tagger.decode(logits, mask).tolist() == [argmax[0].tolist(), argmax[1, :2].tolist() + [-1, -1]]
+    tags = torch.tensor([[1, 2, 3, 4], [0, 1, -100, -100]])
+    expected = torch.nn.functional.cross_entropy(logits[mask.bool()], tags[mask.bool()])
+    torch.testing.assert_close(tagger.loss(logits, tags), expected)
+
+
+def test_crf_tagger_loss_and_decoding_are_its_crfs():
+    torch.manual_seed(0)
+    tags = ["O", "B-PER", "I-PER"]
+    tagger = CrfTagger(8, tags, "BIO", lr_multiplier=10).eval()
+    emissions = tagger(torch.randn(2, 5, 8))
+    labels = torch.tensor([[0, 1, 2, 0, 0], [1, 2, 2, -100, -100]])
+    mask = labels != -100
+    expected = -tagger.crf.log_likelihood(emissions, labels.clamp(min=0), mask).mean()
+    torch.testing.assert_close(tagger.loss(emissions, labels), expected)
+    allowed, start, end = bio_allowed_transitions(tags)
+    paths = tagger.decode(emissions, mask)
+    reference, _ = tagger.crf.viterbi(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
+    assert torch.equal(paths, reference) and tagger.crf.lr_multiplier == 10

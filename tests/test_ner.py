@@ -9,9 +9,11 @@ import zhie
 from zhie import demo, encoders
 from zhie.cli import main
 from zhie.data import NerExample, read_ner, write_ner_jsonl
+from zhie.heads import CrfTagger, GlobalPointer
+from zhie.model import Model
 from zhie.spans import Span
-from zhie.tasks.ner import NerConfig, NerModel, NerTask, flatten_outermost, train_ner
-from zhie.training import TrainConfig, build_param_groups
+from zhie.tasks.ner import NerConfig, NerTask, TagLabels, flatten_outermost
+from zhie.training import TrainConfig, build_param_groups, with_lr_multipliers
 
 from .conftest import DATA
 
@@ -27,7 +29,7 @@ def test_each_head_learns_100_cluener_sentences(head, tmp_path):
     # same at head lr 2e-3); at 1e-3 it learns (0.97-1.0), while softmax needs 2e-3 (0.81 at 1e-3)
     lr = 1e-3 if head == "gp" else 2e-3
     config = TrainConfig(epochs=30, batch_size=16, lr=lr, warmup=0.05, seed=0, eval_every=10**9)
-    train_ner(tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder="tiny", head=head,
+    zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder="tiny", head=head,
               config=config, resume=False, progress=False)
     metrics = zhie.load(tmp_path / "run").evaluate(sample)
     assert metrics["micro"]["f1"] >= 0.95, metrics["micro"]
@@ -49,35 +51,48 @@ def test_cmeee_nested_spans_survive_encoding_and_decoding():
         logits = torch.full((b, k, n * n), -5.0)
         logits.scatter_(2, batch["labels"], 5.0)
         logits[:, :, 0] = -5.0  # index 0 is label padding
-        rows = task.decode(None, logits.view(b, k, n, n), batch["attention_mask"])
+        rows = task.labeling.decode(None, logits.view(b, k, n, n), batch["attention_mask"])
         for ex, row in zip(examples[start:start + 32], rows):
             enc = task.text_tokenizer(ex.text)
             decoded = set()
-            for s, e, label, _ in row:
-                cs, ce = enc.token_span_to_chars(s, e + 1)
-                decoded.add(Span(cs, ce, labels[label], ex.text[cs:ce]))
+            for hit in row:
+                cs, ce = enc.token_span_to_chars(hit.start, hit.end)
+                decoded.add(Span(cs, ce, labels[hit.label], ex.text[cs:ce]))
             assert decoded == set(ex.spans)
 
 
 def test_taggers_refuse_nested_data_unless_flattened():
     nested = [NerExample("北京大学", [Span(0, 2, "LOC", "北京"), Span(0, 4, "ORG", "北京大学")])]
     _, tokenizer = encoders.tiny(["北京大学"])
-    task = NerTask(NerConfig(["LOC", "ORG"], head="crf"), tokenizer)
     with pytest.raises(ValueError, match="--flatten"):
-        task.check_flat(nested, flatten=False)
-    assert task.check_flat(nested, flatten=True)[0].spans == [Span(0, 4, "ORG", "北京大学")]
+        NerTask(NerConfig(["LOC", "ORG"], head="crf"), tokenizer).encode(nested)
+    task = NerTask(NerConfig(["LOC", "ORG"], head="crf", flatten=True), tokenizer)
+    assert task.check_flat(nested)[0].spans == [Span(0, 4, "ORG", "北京大学")]
     gp = NerTask(NerConfig(["LOC", "ORG"], head="gp"), tokenizer)
-    assert gp.check_flat(nested, flatten=False) == nested
+    assert gp.check_flat(nested) == nested
 
 
 def test_crf_transitions_get_their_own_learning_rate():
-    encoder, tokenizer = encoders.tiny(["北京"])
-    model = NerModel(encoder, NerConfig(["LOC"], head="crf"))
-    config = TrainConfig(lr=1e-5, head_lr=1e-3, crf_lr_multiplier=100)
-    groups = {g["name"]: g for g in build_param_groups(model, config)}
-    assert groups["crf"]["lr"] == pytest.approx(1e-3)  # 100 x the encoder's learning rate
-    assert {id(p) for p in groups["crf"]["params"]} == {id(p) for p in model.crf.transition_parameters()}
+    """Each CRF carries its multiplier, so it holds whatever builds the groups: two CRF heads and a GP head on one
+    encoder (as a multi-task model has), and a caller's own param groups."""
+    encoder, _ = encoders.tiny(["北京"])
+    hidden = encoder.config.hidden_size
+    model = Model(encoder, {"ner": CrfTagger(hidden, ["O", "B-LOC", "I-LOC"], lr_multiplier=100),
+                            "cws": CrfTagger(hidden, ["S", "B", "M", "E"], "BMES", lr_multiplier=10),
+                            "nested": GlobalPointer(hidden, 2)})
+    groups = {g["name"]: g for g in build_param_groups(model, TrainConfig(lr=1e-5, head_lr=1e-3))}
+    for name, factor in (("ner", 100), ("cws", 10)):
+        group = groups[f"lr_x{factor}"]
+        crf = model.heads[name].crf
+        assert group["lr"] == pytest.approx(1e-5 * factor) and group["weight_decay"] == 0.0  # x the encoder's lr
+        assert {id(p) for p in group["params"]} == {id(crf.transitions), id(crf.start_transitions),
+                                                    id(crf.end_transitions)}
     assert groups["encoder"]["lr"] == 1e-5 and groups["head"]["lr"] == 1e-3
+    assert sum(len(g["params"]) for g in groups.values()) == len(list(model.parameters()))
+
+    own = with_lr_multipliers(model, [{"params": list(model.parameters()), "lr": 3e-4}], base_lr=3e-4)
+    assert sorted(g.get("name", "") for g in own) == ["", "lr_x10", "lr_x100"]
+    assert {g.get("name", ""): g["lr"] for g in own} == pytest.approx({"": 3e-4, "lr_x10": 3e-3, "lr_x100": 3e-2})
 
 
 def concat(examples: list[NerExample]) -> NerExample:
@@ -97,7 +112,7 @@ def demo_model(tmp_path_factory):
     write_ner_jsonl([concat(sentences[i:i + 3]) for i in range(0, 450, 3)], out / "data/train.jsonl")
     write_ner_jsonl(demo.make_corpus(60, seed=2), out / "data/dev.jsonl")
     config = TrainConfig(epochs=15, batch_size=16, lr=2e-3, warmup=0.05, seed=0)
-    train_ner(out / "data/train.jsonl", out / "data/dev.jsonl", out=out / "run", encoder="tiny", head="gp",
+    zhie.fit("ner", out / "data/train.jsonl", out / "data/dev.jsonl", out=out / "run", encoder="tiny", head="gp",
               max_length=64, config=config, resume=False, progress=False)
     return out
 
@@ -167,8 +182,6 @@ def test_cli_unknown_format_and_missing_model(tmp_path, capsys):
 
 def test_tagger_training_windows_never_cut_an_entity():
     """Taggers train on windows cut between entities (a cut entity's tokens would be learnt as O)."""
-    from zhie.tasks.ner import entity_safe_cuts
-
     text = "张三在北京工作。" * 40  # 320 characters, a PER/LOC pair every 8
     spans = [Span(i, i + 2, "PER", "张三") for i in range(0, 320, 8)] + \
             [Span(i + 3, i + 5, "LOC", "北京") for i in range(0, 320, 8)]
@@ -179,9 +192,10 @@ def test_tagger_training_windows_never_cut_an_entity():
         assert sum(len(it.ids) for it in items) == 320 and all(len(it.ids) <= 30 for it in items)
         assert sum(len(it.spans) for it in items) == 80 and task.stats["spans_dropped"] == 0
         tags = [t for it in items for t in it.tags]
-        assert sum(t != task.tag_index["O"] for t in tags) == 160  # every entity token tagged B or I
-    assert entity_safe_cuts(10, [(2, 9, 0)], 4) == [(0, 2), (2, 6), (6, 10)]  # a span longer than size is cut
-    assert entity_safe_cuts(0, [], 4) == []
+        assert sum(t != task.labeling.tag_index["O"] for t in tags) == 160  # every entity token tagged B or I
+    cuts = TagLabels(NerConfig(["X"], head="crf")).cuts
+    assert cuts(10, [(2, 9, 0)], 4, 0) == [(0, 2), (2, 6), (6, 10)]  # a span longer than size is cut
+    assert cuts(0, [], 4, 0) == []
 
 
 def test_a_seed_makes_training_repeatable(tmp_path):
@@ -192,7 +206,7 @@ def test_a_seed_makes_training_repeatable(tmp_path):
     heads = []
     for run in ("a", "b"):
         config = TrainConfig(epochs=1, max_steps=3, batch_size=8, lr=1e-3, seed=3)
-        train_ner(tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / run, encoder="tiny",
+        zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / run, encoder="tiny",
                   head="egp", config=config, resume=False, progress=False)
         heads.append(load_file(str(tmp_path / run / "best" / "head.safetensors")))
     assert heads[0].keys() == heads[1].keys()

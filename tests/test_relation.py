@@ -9,8 +9,10 @@ import zhie
 from zhie import encoders
 from zhie.cli import main
 from zhie.data.spo import locate, read_schema, read_spo
+from zhie.heads import RelationLogits
 from zhie.losses import multilabel_categorical_crossentropy
-from zhie.tasks.relation import RelationConfig, RelationModel, RelationTask, train_relations
+from zhie.model import Model
+from zhie.tasks.relation import RelationConfig, RelationTask, RelationWindow
 from zhie.training import TrainConfig
 
 from .conftest import DATA
@@ -41,8 +43,6 @@ def test_cmeie_reading_and_schema():
 
 def oracle_logits(batch, n_pred):
     """Logits that are +5 exactly on the label cells and -5 elsewhere (index 0 is padding)."""
-    from zhie.tasks.relation import RelationLogits
-
     b, n = batch["input_ids"].shape
 
     def dense(labels, heads):
@@ -66,15 +66,15 @@ def test_label_encoding_and_decoding_round_trip_every_located_cmeie_triple():
     missing, extra, total = 0, 0, 0
     for start in range(0, len(items), 64):
         batch = task.collate(items[start:start + 64])
-        rows = task.decode(None, oracle_logits(batch, len(predicates)))
+        rows = task.decode_logits(oracle_logits(batch, len(predicates)))
         for ex, row in zip(examples[start:start + 64], rows):
             enc = task.text_tokenizer(ex.text)
 
             def chars(a, b, enc=enc):  # a mention's characters as tokens cover them (a leading BOM has no token)
                 return enc.token_span_to_chars(*enc.char_span_to_tokens(a, b))
 
-            decoded = {(*enc.token_span_to_chars(sh, st + 1), predicates[p], *enc.token_span_to_chars(oh, ot + 1))
-                       for sh, st, p, oh, ot, _ in row}
+            decoded = {(*enc.token_span_to_chars(*t.subject), predicates[t.predicate],
+                        *enc.token_span_to_chars(*t.object)) for t in row}
             gold = {(*chars(t.subject.start, t.subject.end), t.predicate, *chars(t.object.start, t.object.end))
                     for t in ex.triples if t.located}
             total += len(gold)
@@ -90,17 +90,16 @@ def test_sparse_relation_loss_equals_dense_loss():
     torch.manual_seed(0)
     _, tokenizer = encoders.tiny(["北京大学在海淀区", "张三是李四的老师"])
     task = RelationTask(RelationConfig(["位于", "老师"], max_length=32), tokenizer)
-    from zhie.tasks.relation import Item
-
-    items = [Item([5, 6, 7, 8, 9, 10], entity=[(0, 0, 1), (1, 3, 4)], head_head=[(0, 0, 3)], tail_tail=[(0, 1, 4)]),
-             Item([5, 6, 7], entity=[(0, 0, 0), (1, 2, 2)], head_head=[(1, 0, 2)], tail_tail=[(1, 0, 2)])]
+    items = [RelationWindow([5, 6, 7, 8, 9, 10], entity=[(0, 0, 1), (1, 3, 4)], head_head=[(0, 0, 3)],
+                            tail_tail=[(0, 1, 4)]),
+             RelationWindow([5, 6, 7], entity=[(0, 0, 0), (1, 2, 2)], head_head=[(1, 0, 2)], tail_tail=[(1, 0, 2)])]
     batch = task.collate(items)
     encoder, _ = encoders.tiny(["北京大学在海淀区", "张三是李四的老师"])
-    model = RelationModel(encoder, task.config)
+    model = Model(encoder, task.build_heads(encoder.config.hidden_size))
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.05)
     sparse = task.loss(model, batch)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])["re"]
     target = oracle_logits(batch, 2)
     dense = 0
     for name in ("entity", "head_head", "tail_tail"):
@@ -116,20 +115,20 @@ def test_sparse_relation_loss_equals_dense_loss():
 
 def test_decoding_caps_what_an_untrained_model_emits():
     """Half of all cells above 0 (an untrained model) would give ~L^4 R / 16 triples: the caps bound the work."""
-    from zhie.tasks.relation import RelationLogits
-
     _, tokenizer = encoders.tiny(["北京大学在海淀区"])
     task = RelationTask(RelationConfig(["a", "b", "c"], max_spans=10, max_triples=20), tokenizer)
     g = torch.Generator().manual_seed(0)
     n = 40
     logits = RelationLogits(*(torch.randn(2, h, n, n, generator=g) for h in (2, 3, 3)))
-    rows = task.decode(None, logits)
+    rows = task.decode_logits(logits)
     assert all(len(row) == 20 for row in rows)
     for b, row in enumerate(rows):
-        subjects = {(sh, st) for sh, st, *_ in row}
+        subjects = {t.subject for t in row}
         assert len(subjects) <= 10
-        assert min(score for *_, score in row) > 0.5  # sigmoid(2 * logit) of four cells above 0
-        for sh, st, p, oh, ot, _ in row:
+        assert min(t.score for t in row) > 0.5  # sigmoid(2 * logit) of four cells above 0
+        for t in row:
+            (sh, st), p, (oh, ot) = t.subject, t.predicate, t.object
+            st, ot = st - 1, ot - 1  # inclusive ends
             assert logits.entity[b, 0, sh + 1, st + 1] > 0 and logits.entity[b, 1, oh + 1, ot + 1] > 0
             assert logits.head_head[b, p, sh + 1, oh + 1] > 0 and logits.tail_tail[b, p, st + 1, ot + 1] > 0
     # a wide cap returns everything above 0, as the uncapped rule does
@@ -139,7 +138,8 @@ def test_decoding_caps_what_an_untrained_model_emits():
                 for sh in range(6) for st in range(6) for oh in range(6) for ot in range(6) for p in range(3)
                 if small.entity[0, 0, sh, st] > 0 and small.entity[0, 1, oh, ot] > 0
                 and small.head_head[0, p, sh, oh] > 0 and small.tail_tail[0, p, st, ot] > 0}
-    assert {t[:5] for t in task.decode(None, small)[0]} == expected
+    assert {(t.subject[0], t.subject[1] - 1, t.predicate, t.object[0], t.object[1] - 1)
+            for t in task.decode_logits(small)[0]} == expected
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +149,8 @@ def cmeie_model(tmp_path_factory):
     lines = [line for line in lines if len(json.loads(line)["text"]) <= 80][:100]  # the first 100 short ones
     (out / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=40, batch_size=16, lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
-    train_relations(out / "train.jsonl", out / "train.jsonl", out=out / "run", schema=CMEIE / "schema.json",
-                    encoder="tiny", variant="egp", max_length=82, config=config, resume=False, progress=False)
+    zhie.fit("re", out / "train.jsonl", out / "train.jsonl", out=out / "run", schema=CMEIE / "schema.json",
+             encoder="tiny", head="egp", max_length=82, config=config, resume=False, progress=False)
     return out
 
 

@@ -10,9 +10,11 @@ from zhie import encoders
 from zhie.cli import main
 from zhie.data import DataError
 from zhie.data.sts import read_pairs
+from zhie.heads import Pooling
 from zhie.losses import cosent_loss
 from zhie.metrics import spearman
-from zhie.tasks.similarity import SentenceModel, StsConfig, StsTask, pool, train_sts
+from zhie.model import Model
+from zhie.tasks.similarity import SbertObjective, SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig
 
 from .conftest import DATA
@@ -65,29 +67,34 @@ def test_pooling_ignores_padding_and_first_last_avg_uses_the_first_layer():
     texts = ["北京大学", "今天天气很好啊"]
     encoder, tokenizer = encoders.tiny(texts)
     for pooling in ("cls", "mean", "first-last-avg"):
-        model = SentenceModel(encoder, StsConfig(pooling=pooling)).eval()
-        task = StsTask(StsConfig(pooling=pooling), tokenizer)
+        task = SimilarityTask(SimilarityConfig(pooling=pooling), tokenizer)
+        model = Model(encoder, task.build_heads(encoder.config.hidden_size)).eval()
         together = task.embed(model, texts, normalize=False)
         alone = np.concatenate([task.embed(model, [t], normalize=False) for t in texts])
         np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
     enc = tokenizer(texts[:1], return_tensors="pt")
     out = encoder(**enc, output_hidden_states=True)
     expected = ((out.hidden_states[1] + out.hidden_states[-1]) / 2).mean(1)
-    torch.testing.assert_close(pool(out, enc["attention_mask"], "first-last-avg"), expected)
+    model = Model(encoder, {"v": Pooling("first-last-avg")}).eval()
+    torch.testing.assert_close(model(enc["input_ids"], enc["attention_mask"])["v"], expected)
 
 
 def test_sbert_and_cosine_mse_losses():
     texts = ["北京大学", "今天天气很好啊", "北京", "天气"]
     encoder, tokenizer = encoders.tiny(texts)
     pairs = [zhie.data.sts.Pair("北京大学", "北京", 2.0), zhie.data.sts.Pair("今天天气很好啊", "天气", 0.0)]
-    config = StsConfig(loss="sbert", pooling="mean", num_classes=3)
-    task, model = StsTask(config, tokenizer), SentenceModel(encoder, config).eval()  # eval: no dropout
+    task = SimilarityTask(SimilarityConfig(loss="sbert", pooling="mean", num_classes=3), tokenizer)
+    model = Model(encoder, task.build_heads(encoder.config.hidden_size)).eval()  # eval: no dropout
+    objective = task.objective(encoder.config.hidden_size)
+    assert isinstance(objective, SbertObjective) and not any(k.startswith("heads") for k, _ in
+                                                             model.named_parameters())  # the loss owns the classifier
     batch = task.collate(task.encode(pairs))
-    u = model(batch["input_ids"], batch["attention_mask"])
-    logits = model.classifier(torch.cat([u[0::2], u[1::2], (u[0::2] - u[1::2]).abs()], -1))
+    u = model(batch["input_ids"], batch["attention_mask"])["similarity"]
+    classifier = objective.softmax_loss.classifier
+    logits = classifier(torch.cat([u[0::2], u[1::2], (u[0::2] - u[1::2]).abs()], -1))
     expected = torch.nn.functional.cross_entropy(logits, torch.tensor([2, 0]))
-    torch.testing.assert_close(task.loss(model, batch), expected)
-    task.config = StsConfig(loss="cosine-mse", pooling="mean", label_min=0.0, label_max=4.0)
+    torch.testing.assert_close(objective(model, batch), expected)
+    task.config = SimilarityConfig(loss="cosine-mse", pooling="mean", label_min=0.0, label_max=4.0)
     cos = torch.nn.functional.cosine_similarity(u[0::2], u[1::2])
     torch.testing.assert_close(task.loss(model, batch), ((cos - torch.tensor([0.5, 0.0])) ** 2).mean())
 
@@ -98,8 +105,8 @@ def stsb_model(tmp_path_factory):
     lines = (STSB / "train.data").read_text(encoding="utf-8").splitlines()[:300]
     (out / "train.data").write_text("\n".join(lines) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=15, batch_size=32, lr=1e-3, warmup=0.05, seed=0, eval_every=10**9)
-    train_sts(out / "train.data", out / "train.data", out=out / "run", encoder="tiny", loss="cosent",
-              pooling="mean", config=config, resume=False, progress=False)
+    zhie.fit("sts", out / "train.data", out / "train.data", out=out / "run", encoder="tiny", loss="cosent",
+             pooling="mean", config=config, resume=False, progress=False)
     return out
 
 
@@ -130,7 +137,9 @@ def test_encode_similarity_and_cli(stsb_model, tmp_path, capsys):
     np.testing.assert_allclose(np.array(rows[0]["embedding"]), vectors[0], atol=1e-5)
     assert main(["embed", str(stsb_model / "run"), "一个人", "--output", str(tmp_path / "v.npy")]) == 0
     assert np.load(tmp_path / "v.npy").shape == (1, 128)
-    assert main(["predict", str(stsb_model / "run"), "一个人"]) != 0  # an sts model does not predict entities
+    assert main(["predict", str(stsb_model / "run"), "一个人"]) == 0  # zhie predict prints the same vectors
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    np.testing.assert_allclose(np.array(row["embedding"]), pipe.encode("一个人")[0], atol=1e-5)
 
 
 def test_cli_trains_sts(tmp_path):
@@ -140,4 +149,5 @@ def test_cli_trains_sts(tmp_path):
                  str(tmp_path / "run"), "--loss", "sbert", "--pooling", "first-last-avg", "--epochs", "1",
                  "--quiet"]) == 0
     meta = json.loads((tmp_path / "run" / "best" / "zhie.json").read_text())
-    assert meta["task"] == "sts" and meta["loss"] == "sbert" and meta["num_classes"] == 2 and meta["max_length"] == 64
+    assert meta["task"] == "similarity" and meta["loss"] == "sbert" and meta["num_classes"] == 2
+    assert meta["max_length"] == 64 and zhie.load(tmp_path / "run").task.name == "similarity"

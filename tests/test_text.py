@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zhie.encoders import wordpiece_tokenizer
-from zhie.text import TextTokenizer, owns, windows
+from zhie.text import TextTokenizer, reporting_window, windows
 
 PIECES = st.one_of(
     st.text(alphabet=st.characters(min_codepoint=0x4E00, max_codepoint=0x4FFF), min_size=1, max_size=4),  # CJK
@@ -129,19 +129,20 @@ def test_e5_char_mode_pieces(e5_tokenizer):
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(n=st.integers(0, 300), size=st.integers(1, 64), data=st.data())
-def test_windows_cover_and_each_start_is_owned_once(n, size, data):
-    stride = data.draw(st.integers(0, size - 1))
-    spans = list(windows(n, size, stride))
-    assert spans[0][0] == 0 and spans[-1][1] == n
-    for (a, b), (c, d) in zip(spans, spans[1:]):
-        assert b - a <= size and c == b - stride and d > b
-    for start in range(n):
-        owners = [w for w in spans if owns(w, start, n, stride)]
-        assert len(owners) == 1 and owners[0][0] <= start < owners[0][1]
-        a, b = owners[0]
-        if start + stride // 2 <= n:  # a span of up to stride // 2 tokens from here is whole in its owner
-            assert start + max(stride // 2, 1) <= b or b == n
+@given(n=st.integers(1, 300), size=st.integers(1, 64), data=st.data())
+def test_windows_cover_and_every_short_span_is_reported_once(n, size, data):
+    overlap = data.draw(st.integers(0, size - 1))
+    cuts = windows(n, size, overlap)
+    assert cuts[0][0] == 0 and cuts[-1][1] == n
+    for (a, b), (c, d) in zip(cuts, cuts[1:]):
+        assert b - a <= size and c == b - overlap and d > b
+    for tagger in (False, True):
+        for length in range(1, overlap + 1):
+            for start in range(n - length + 1):
+                w = reporting_window(cuts, start, start + length, cut_at_right_edge=tagger)
+                assert w is not None, (start, length)  # a span of up to `overlap` tokens is whole in some window
+                a, b = cuts[w]
+                assert a <= start and start + length <= b and not (tagger and start + length == b < n)
 
 
 def test_windows_reject_bad_arguments():

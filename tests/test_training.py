@@ -35,8 +35,8 @@ class Head(nn.Module):
         self.proj = nn.Linear(dim, tags)
         self.transitions = nn.Parameter(torch.zeros(tags, tags))
 
-    def transition_parameters(self) -> list[nn.Parameter]:
-        return [self.transitions]
+    def lr_multipliers(self) -> dict[str, float]:
+        return {"transitions": 2.0}
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.proj(hidden)
@@ -115,7 +115,7 @@ def untimed(history: list[dict]) -> list[dict]:
 def test_param_groups_learning_rates_and_weight_decay():
     model = Toy()
     model.encoder.embed.weight.requires_grad_(False)  # frozen parameters are left out
-    config = TrainConfig(lr=1e-4, head_lr=1e-3, crf_lr_multiplier=100.0, weight_decay=0.01)
+    config = TrainConfig(lr=1e-4, head_lr=1e-3, weight_decay=0.01)
     groups = {g["name"]: g for g in build_param_groups(model, config)}
     names = {id(p): n for n, p in model.named_parameters()}
     members = {name: {names[id(p)] for p in g["params"]} for name, g in groups.items()}
@@ -124,17 +124,17 @@ def test_param_groups_learning_rates_and_weight_decay():
         "encoder_no_decay": {"encoder.proj.bias", "encoder.2.weight", "encoder.2.bias"},
         "head": {"head.proj.weight"},
         "head_no_decay": {"head.proj.bias", "norm.weight", "norm.bias"},
-        "crf": {"head.transitions"},
+        "lr_x2": {"head.transitions"},
     }
     assert {n: g["lr"] for n, g in groups.items()} == pytest.approx(
-        {"encoder": 1e-4, "encoder_no_decay": 1e-4, "head": 1e-3, "head_no_decay": 1e-3, "crf": 1e-2})
+        {"encoder": 1e-4, "encoder_no_decay": 1e-4, "head": 1e-3, "head_no_decay": 1e-3, "lr_x2": 2e-4})
     assert {n: g["weight_decay"] for n, g in groups.items()} == {
-        "encoder": 0.01, "encoder_no_decay": 0.0, "head": 0.01, "head_no_decay": 0.0, "crf": 0.0}
+        "encoder": 0.01, "encoder_no_decay": 0.0, "head": 0.01, "head_no_decay": 0.0, "lr_x2": 0.0}
 
     # head_lr None -> lr; a model without an encoder attribute is all head
-    groups = {g["name"]: g for g in build_param_groups(Toy(), TrainConfig(lr=3e-5, crf_lr_multiplier=10.0))}
+    groups = {g["name"]: g for g in build_param_groups(Toy(), TrainConfig(lr=3e-5))}
     assert groups["head"]["lr"] == groups["encoder"]["lr"] == 3e-5
-    assert groups["crf"]["lr"] == pytest.approx(3e-4)
+    assert groups["lr_x2"]["lr"] == pytest.approx(6e-5)
     bare = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
     assert [g["name"] for g in build_param_groups(bare, TrainConfig())] == ["head", "head_no_decay"]
 
@@ -221,7 +221,7 @@ def test_ema_bias_correction():
 # the loop
 # ---------------------------------------------------------------------------------------------------------------
 def test_toy_model_learns_logs_and_saves_best(tmp_path):
-    config = TrainConfig(epochs=5, batch_size=8, lr=2e-2, head_lr=5e-2, crf_lr_multiplier=2.0, warmup=0.1)
+    config = TrainConfig(epochs=5, batch_size=8, lr=2e-2, head_lr=5e-2, warmup=0.1)
     model, result = run(tmp_path, config)
 
     history = result["history"]
@@ -235,9 +235,9 @@ def test_toy_model_learns_logs_and_saves_best(tmp_path):
     assert lines == history
     assert set(lines[0]) == {"epoch", "step", "train_loss", "lr", "tokens_per_s", "elapsed_s", "dev"}
     assert [h["epoch"] for h in lines] == [1.0, 2.0, 3.0, 4.0, 5.0]
-    assert set(lines[0]["lr"]) == {"encoder", "encoder_no_decay", "head", "head_no_decay", "crf"}
-    assert lines[-1]["lr"]["encoder"] == 0.0 and lines[0]["lr"]["crf"] == pytest.approx(
-        2e-2 * 2.0 * linear_warmup_decay(8, 4, 40))  # crf: lr x multiplier
+    assert set(lines[0]["lr"]) == {"encoder", "encoder_no_decay", "head", "head_no_decay", "lr_x2"}
+    assert lines[-1]["lr"]["encoder"] == 0.0 and lines[0]["lr"]["lr_x2"] == pytest.approx(
+        2e-2 * 2.0 * linear_warmup_decay(8, 4, 40))  # the tagged transitions: lr x multiplier
     assert lines[0]["tokens_per_s"] > 0
     assert (tmp_path / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -3,11 +3,12 @@ renamed into place, so a crash leaves either the old file or directory or the ne
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -60,3 +61,15 @@ def recover_dir(target: Path) -> None:
     old = target.with_name(f".{target.name}.old")
     if old.exists() and not target.exists():
         os.replace(old, target)
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block: the processes, or threads, that
+    take the lock on the same path run their blocks one at a time. The system releases it if the process dies."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

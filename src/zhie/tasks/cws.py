@@ -110,7 +110,8 @@ class CwsTask(NerTask):
         return super().encode(self.split_long(examples))
 
     def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list[list[Span]]:
-        return [partition(text, spans) for text, spans in zip(texts, super().predict(model, texts, batch_size, timings))]
+        spans = super().predict(model, texts, batch_size, timings)
+        return [partition(text, words) for text, words in zip(texts, spans)]
 
     def to_json(self, prediction: list[Span]) -> list[dict]:
         return [{"start": s.start, "end": s.end, "text": s.text} for s in prediction]

@@ -31,6 +31,7 @@ from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
 from zhie.metrics import spearman
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, add_text_command, device_of, model_inputs, rename_weights, sorted_batches
+from zhie.training.dist import all_gather_with_grad
 
 LOSSES = ("cosent", "sbert", "cosine-mse")
 
@@ -160,8 +161,8 @@ class SimilarityTask(Task):
     def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
         c = self.config
         cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)
-        if c.loss == "cosent":
-            return cosent_loss(cos, batch["labels"], c.scale)
+        if c.loss == "cosent":  # over the pairs of every process: the loss does not change with their number
+            return cosent_loss(all_gather_with_grad(cos), all_gather_with_grad(batch["labels"]), c.scale)
         return cosine_mse_loss(cos, (batch["labels"] - c.label_min) / (c.label_max - c.label_min))
 
     def objective(self, hidden_size: int):

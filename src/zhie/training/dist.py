@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 
 import torch
+from torch import Tensor
 
-__all__ = ["broadcast_object", "is_main_process", "rank", "world_size"]
+__all__ = ["all_gather_objects", "all_gather_with_grad", "broadcast_object", "is_main_process", "rank", "world_size"]
 
 
 def rank() -> int:
@@ -33,3 +34,44 @@ def broadcast_object(value: object) -> object:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def all_gather_objects(value: object) -> list:
+    """Every process's ``value``, in rank order (``[value]`` with one process)."""
+    if world_size() == 1:
+        return [value]
+    values = [None] * world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+class _AllGather(torch.autograd.Function):
+    """All ranks' ``t`` concatenated along dim 0, with a gradient that reaches every rank's own slice."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        t = t.contiguous()
+        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(parts, t)
+        ctx.rows = t.shape[0]
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place
+        torch.distributed.all_reduce(grad)
+        return grad.narrow(0, torch.distributed.get_rank() * ctx.rows, ctx.rows)
+
+
+def all_gather_with_grad(t: Tensor) -> Tensor:
+    """``t`` of every rank (the same shape on each) concatenated along dim 0, in rank order; differentiable.
+
+    For a loss over the items of all ranks (CoSENT ranks every pair of pairs of the global batch). Every rank
+    computes the same loss ``L`` on the gathered values; the backward sums the gradients of all ranks and keeps
+    this rank's slice, so each rank's gradient is ``world_size x dL/d(its items)``, and DDP, which averages the
+    parameter gradients over the ranks, ends with the gradient of ``L`` in a single process that held all the
+    items. With one process: ``t`` itself.
+    """
+    if world_size() == 1:
+        return t
+    return _AllGather.apply(t)

@@ -16,6 +16,7 @@ from zhie import tasks
 from zhie.files import atomic_write_text
 from zhie.model import Model
 from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
+
 from .config import TrainConfig
 from .dist import is_main_process
 from .loop import train

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
 from .config import TrainConfig
-from .dist import broadcast_object
+from .dist import all_gather_objects, broadcast_object, world_size
 from .ema import EMA
 from .optim import build_param_groups, build_scheduler, with_lr_multipliers
 from .report import append_jsonl, jsonable, plot_history, write_jsonl
@@ -145,7 +145,7 @@ def train(
         config: :class:`TrainConfig`.
         out_dir: receives ``checkpoint.pt``, ``metrics.jsonl``, ``training.png`` and ``best/``.
         evaluate: ``evaluate(model) -> metrics``, called in eval mode under ``torch.no_grad()`` with the EMA
-            weights in place (if ``config.ema``); on every process. ``None``: no evaluation; ``save_best`` is
+            weights in place (if ``config.ema``); on the main process only. ``None``: no evaluation; ``save_best`` is
             then called once, at the end, with the final (EMA) weights.
         metric: the key of the metrics to maximise (best model and early stopping).
         save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is
@@ -161,7 +161,13 @@ def train(
     if lengths is not None and len(lengths) != n_items:
         raise ValueError(f"lengths has {len(lengths)} entries for {n_items} training items")
 
-    accelerator = Accelerator(mixed_precision=config.mixed_precision, step_scheduler_with_optimizer=False)
+    # Without a GPU, accelerate joins the processes of a launch (over gloo) only when told that the run is on CPU;
+    # else each process would train alone.
+    accelerator = Accelerator(mixed_precision=config.mixed_precision, step_scheduler_with_optimizer=False,
+                              cpu=world_size() > 1 and not torch.cuda.is_available())
+    if accelerator.num_processes != world_size():
+        raise RuntimeError(f"launched as {world_size()} processes, but accelerate found no way to run them together "
+                           f"on {accelerator.device} (it runs {accelerator.num_processes})")
     is_main = accelerator.is_main_process
     world, rank = accelerator.num_processes, accelerator.process_index
     if is_main:
@@ -208,7 +214,7 @@ def train(
             ema.load_state_dict(state["ema"])
         if accelerator.scaler is not None and state["scaler"] is not None:
             accelerator.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng_by_rank"][rank] if world > 1 else state["rng"])
         p = _Progress(**state["progress"])
         if is_main:  # drop evaluations logged after the checkpoint: they are about to be redone
             write_jsonl(metrics_path, p.history)
@@ -271,6 +277,7 @@ def train(
         return config.patience is not None and p.bad_evals >= config.patience
 
     def save_checkpoint() -> None:
+        rngs = all_gather_objects(rng_state())  # every process's generators: its own stream of dropout masks
         if not is_main:
             return
         progress_state = asdict(p) | {"loss_sum": window.loss_sum.item(), "loss_count": window.loss_count,
@@ -282,7 +289,8 @@ def train(
             "scheduler": scheduler.state_dict(),
             "ema": ema.state_dict() if ema is not None else None,
             "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-            "rng": rng_state(),
+            "rng": rngs[0],
+            **({"rng_by_rank": rngs} if world > 1 else {}),
             "progress": progress_state,
         }, ckpt_path)
 
@@ -292,8 +300,8 @@ def train(
     try:
         while not p.finished:
             # The epoch's batches are a pure function of (seed, epoch): a resumed run skips those done.
-            batches = epoch_batches(n_items, global_batch, seed=config.seed, epoch=p.epoch, lengths=lengths)
-            batches = [b[rank * config.batch_size:(rank + 1) * config.batch_size] for b in batches[:batches_per_epoch]]
+            batches = _process_batches(epoch_batches(n_items, global_batch, seed=config.seed, epoch=p.epoch,
+                                                     lengths=lengths), config.batch_size, world, rank)
             epoch_end = False
             while not (epoch_end or p.finished):
                 step_start = time.perf_counter()
@@ -340,11 +348,20 @@ def train(
                     p.best_step = p.step
                 if p.finished or epoch_end or (config.save_every is not None and p.step % config.save_every == 0):
                     save_checkpoint()
+        accelerator.wait_for_everyone()  # every process returns once the main one has written the best model
     finally:
         bar.close()
         accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # undo accelerate's autocast forward wrapper
 
     return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "history": p.history}
+
+
+def _process_batches(batches: list[list[int]], batch_size: int, world: int, rank: int) -> list[list[int]]:
+    """This process's slice of each global batch. With several processes only the full global batches are kept:
+    every process needs a whole slice, and the short batch is anywhere once length grouping has shuffled them."""
+    if world > 1:
+        batches = [b for b in batches if len(b) == batch_size * world]
+    return [b[rank * batch_size:(rank + 1) * batch_size] for b in batches]
 
 
 def _named_groups(param_groups: list[dict]) -> list[dict]:

@@ -1,0 +1,178 @@
+"""Training in several processes: ``torchrun`` with 2 CPU processes (gloo) computes what one process computes with
+twice the batch, only the main process writes, CoSENT ranks the pairs of every process, batches are cut into full
+slices, and the e5-small conversion runs once when several processes start together."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from zhie import encoders
+from zhie.encoders import e5
+from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
+from zhie.training import epoch_batches
+from zhie.training.loop import _process_batches
+
+from .conftest import DATA
+from .dist_worker import PAIRS, cosent_inputs
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+                                reason="torch.distributed with the gloo backend is not available")
+
+
+def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) -> list[dict]:
+    """Run ``dist_worker.py ARGS RESULTS`` in ``processes`` CPU processes; their results, in rank order."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results.mkdir(parents=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # the same threads in every run
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), str(WORKER), *map(str, args), str(results)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
+        _, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in {timeout} s; its stderr:\n{stderr[-5000:]}")
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); its stderr:\n{stderr[-5000:]}"
+    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NER: 2 processes x batch 8 against 1 process x batch 16
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ner_runs(tmp_path_factory) -> dict:
+    """64 CLUENER items (4 steps of 16), a tiny encoder without dropout (a process draws its own dropout masks, so
+    with dropout the two runs would differ), trained once in 2 processes with batch 8 and once in 1 with batch 16."""
+    tmp = tmp_path_factory.mktemp("dist")
+    cluener = DATA / "ner" / "cluener"
+    for name, source, lines in (("train.json", "train.json", 64), ("dev.json", "dev.json", 16)):
+        rows = (cluener / source).read_text(encoding="utf-8").splitlines()[:lines]
+        (tmp / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    texts = [json.loads(line)["text"] for name in ("train.json", "dev.json")
+             for line in (tmp / name).read_text(encoding="utf-8").splitlines()]
+    encoder, tokenizer = encoders.tiny(texts, seed=0)
+    encoder.config.hidden_dropout_prob = encoder.config.attention_probs_dropout_prob = 0.0
+    encoder.save_pretrained(tmp / "encoder")
+    tokenizer.save_pretrained(tmp / "encoder")
+    data = [tmp / "train.json", tmp / "dev.json", tmp / "encoder"]
+    return {"tmp": tmp,
+            "two": torchrun(2, tmp / "results2", "ner", *data, tmp / "run2", 8),
+            "one": torchrun(1, tmp / "results1", "ner", *data, tmp / "run1", 16)[0]}
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "best" / "model.safetensors") | load_file(run / "best" / "head.safetensors")
+
+
+@needs_gloo
+def test_two_processes_train_as_one_with_twice_the_batch(ner_runs):
+    tmp, one, two = ner_runs["tmp"], ner_runs["one"]["summary"], ner_runs["two"][0]["summary"]
+    assert one["steps"] == two["steps"] == 4 and one["best_step"] == two["best_step"] == 4  # best/ = final weights
+    assert two["history"][0]["train_loss"] == pytest.approx(one["history"][0]["train_loss"], rel=1e-6)
+    w1, w2 = weights(tmp / "run1"), weights(tmp / "run2")
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    initial = load_file(tmp / "encoder" / "model.safetensors")
+    assert max((w1[name] - initial[name]).abs().max().item() for name in initial) > 1e-3  # training moved them
+
+
+@needs_gloo
+def test_only_the_main_process_writes(ner_runs):
+    tmp, (rank0, rank1) = ner_runs["tmp"], ner_runs["two"]
+    assert rank1["writes"] == []
+    written = {Path(path).parts[0] for path in rank0["writes"] if path != "."}
+    assert {"metrics.jsonl", "best"} <= written
+    assert any(name.startswith(f".{file}.") for name in written for file in ("data_stats.json", "checkpoint.pt"))
+    metrics = (tmp / "run2" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in metrics] == rank0["summary"]["history"]  # one evaluation, logged once
+    assert json.loads((tmp / "run2" / "data_stats.json").read_text(encoding="utf-8"))["examples"] == 64
+
+
+@needs_gloo
+def test_every_process_gets_the_main_process_evaluation(ner_runs):
+    rank0, rank1 = (r["summary"] for r in ner_runs["two"])
+    assert rank1["best"] == rank0["best"] and rank1["best_step"] == rank0["best_step"]
+    assert [h["dev"] for h in rank1["history"]] == [h["dev"] for h in rank0["history"]]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CoSENT over the pairs of every process
+# ---------------------------------------------------------------------------------------------------------------
+@needs_gloo
+def test_cosent_over_two_processes_is_cosent_over_all_pairs(tmp_path):
+    """2 processes x 16 pairs: the loss, and the gradient DDP averages, of one process with the 32 pairs."""
+    ranks = torchrun(2, tmp_path / "results", "cosent")
+    layer, inputs, labels = cosent_inputs()
+    task = SimilarityTask(SimilarityConfig(loss="cosent"), tokenizer=None)
+    loss = task.head_loss(None, layer(inputs), {"labels": labels})
+    loss.backward()
+    for r in ranks:
+        assert r["loss"] == pytest.approx(loss.item(), rel=1e-6)
+        torch.testing.assert_close(torch.tensor(r["weight_grad"]), layer.weight.grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(r["bias_grad"]), layer.bias.grad, rtol=1e-5, atol=1e-6)
+    half = task.head_loss(None, layer(inputs[:PAIRS]), {"labels": labels[:PAIRS // 2]})
+    assert abs(half.item() - loss.item()) > 0.1  # a process ranking only its own pairs would be caught
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# batches
+# ---------------------------------------------------------------------------------------------------------------
+def test_each_process_gets_a_full_slice_of_a_full_batch():
+    """72 items, batch 8, 2 processes: 4 global batches of 16 and a short one of 8, which length grouping shuffles
+    anywhere; every process gets 8 items of each of the 4 full batches, the two slices of a batch disjoint."""
+    lengths = [3 + i % 11 for i in range(72)]
+    short_not_last = 0
+    for epoch in range(6):
+        batches = epoch_batches(72, 16, seed=0, epoch=epoch, lengths=lengths)
+        short_not_last += len(batches[-1]) == 16
+        full = [b for b in batches if len(b) == 16]
+        slices = [_process_batches(batches, 8, 2, rank) for rank in (0, 1)]
+        assert all(len(s) == 4 and all(len(b) == 8 for b in s) for s in slices)
+        assert [sorted(a + b) for a, b in zip(*slices)] == [sorted(b) for b in full]
+    assert short_not_last  # the case where keeping the first 4 batches would keep the short one
+    assert _process_batches(batches, 16, 1, 0) == batches  # one process keeps every batch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# e5-small's first-run conversion
+# ---------------------------------------------------------------------------------------------------------------
+def test_e5_is_converted_once_when_processes_start_together(tmp_path, monkeypatch):
+    """4 callers at once (threads: each takes the file lock through its own file, as processes do): one converts,
+    the others wait for it and return the converted directory. The conversion is faked (the real one takes 10 s)."""
+    conversions = []
+
+    def fake_write_model_dir(f, out: Path) -> None:
+        conversions.append(out)
+        time.sleep(0.2)  # the others are past the first "already converted?" check by now
+        for name in ("model.safetensors", "tokenizer.json"):
+            (out / name).write_text("")
+
+    monkeypatch.setattr(e5, "read", lambda source: None)
+    monkeypatch.setattr(e5, "write_model_dir", fake_write_model_dir)
+    out, start = tmp_path / "e5-small", threading.Barrier(4)
+
+    def convert(_) -> Path:
+        start.wait()
+        return e5.convert(source=tmp_path / "e5-small-q4.bin", out_dir=out)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(convert, range(4))) == [out] * 4
+    assert len(conversions) == 1
+    assert (out / "model.safetensors").exists() and (tmp_path / ".e5-small.lock").exists()
