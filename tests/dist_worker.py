@@ -22,6 +22,8 @@ from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig
 
 PAIRS, DIM = 32, 8
+# Audit events that change files, and how many of their first arguments are paths (os.rename: source, target).
+CHANGES = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "shutil.rmtree": 1}
 
 
 def cosent_inputs() -> tuple[nn.Linear, torch.Tensor, torch.Tensor]:
@@ -52,14 +54,12 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     def audit(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = args
-            if not (mode and set(mode) & set("wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)):
-                return
-        elif event in ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "shutil.rmtree"):
-            path = args[0]
+            writing = mode and set(mode) & set("wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+            paths = [path] if writing else []
         else:
-            return
-        if isinstance(path, (str, os.PathLike)) and Path(os.path.abspath(path)).is_relative_to(out):
-            writes.append(os.path.relpath(path, out))
+            paths = args[:CHANGES.get(event, 0)]
+        writes.extend(os.path.relpath(path, out) for path in paths
+                      if isinstance(path, (str, os.PathLike)) and Path(os.path.abspath(path)).is_relative_to(out))
 
     sys.addaudithook(audit)
     summary = zhie.fit("ner", train, dev, out=out, encoder=encoder, head="gp", resume=False, progress=False,

@@ -288,6 +288,12 @@ class Task:
         return task, model
 
 
+def only_auto_format(format: str, what: str) -> None:
+    """Readers of one format: ``--format`` other than ``auto`` is an error that says what the data must be."""
+    if format != "auto":
+        raise ValueError(f"--format {format} does not apply to {what}; leave it out")
+
+
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
                      batch_size: int = 32) -> argparse.ArgumentParser:
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,

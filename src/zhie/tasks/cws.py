@@ -17,7 +17,7 @@ from zhie.data.cws import read_segmented
 from zhie.metrics import segmentation_prf
 from zhie.spans import Span
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, add_text_command, resolve_model_dir
+from zhie.tasks.base import Pipeline, Task, add_text_command, only_auto_format, resolve_model_dir
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 
 VOCAB_FILE = "train_words.txt"
@@ -70,8 +70,7 @@ class CwsTask(NerTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
-        if format != "auto":
-            raise ValueError(f"--format {format} does not apply to segmented text (words separated by spaces)")
+        only_auto_format(format, "segmented text (words separated by spaces)")
         return read_segmented(path)
 
     @classmethod

@@ -30,7 +30,7 @@ from zhie.losses import global_pointer_loss
 from zhie.metrics import prf, span_prf
 from zhie.spans import Span
 from zhie.tasks import register
-from zhie.tasks.base import WindowedTask, rename_weights, sparse_cells
+from zhie.tasks.base import WindowedTask, only_auto_format, rename_weights, sparse_cells
 from zhie.text import windows
 
 HEADS = ("gp", "egp")
@@ -107,8 +107,7 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
-        if format != "auto":
-            raise ValueError(f"--format {format} does not apply to triples (CMeIE/DuIE JSON lines)")
+        only_auto_format(format, "triples (CMeIE/DuIE JSON lines)")
         return read_spo(path)
 
     @classmethod

@@ -30,7 +30,16 @@ from zhie.heads import POOLINGS, Pooling
 from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
 from zhie.metrics import spearman
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, add_text_command, device_of, model_inputs, rename_weights, sorted_batches
+from zhie.tasks.base import (
+    Pipeline,
+    Task,
+    add_text_command,
+    device_of,
+    model_inputs,
+    only_auto_format,
+    rename_weights,
+    sorted_batches,
+)
 from zhie.training.dist import all_gather_with_grad
 
 LOSSES = ("cosent", "sbert", "cosine-mse")
@@ -117,8 +126,7 @@ class SimilarityTask(Task):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[Pair]:
-        if format != "auto":
-            raise ValueError(f"--format {format} does not apply to sentence pairs (s1 TAB s2 TAB label)")
+        only_auto_format(format, "sentence pairs (s1 TAB s2 TAB label)")
         return read_pairs(path)
 
     @staticmethod

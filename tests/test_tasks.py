@@ -1,0 +1,183 @@
+"""The task protocol: a new task is one class (here, in this file) that the CLI, zhie.fit and zhie.load find
+through the registry; model directories written before the protocol still load."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+import zhie
+from zhie import demo, tasks
+from zhie.cli import main
+from zhie.data import write_ner_jsonl
+from zhie.data.base import DataError, iter_lines
+from zhie.heads import Pooling
+from zhie.tasks.base import HEAD_FILE, META_FILE, Task, model_inputs
+from zhie.training import TrainConfig
+
+
+# ------------------------------------------------------------------------------------------ a task in one class
+class Classifier(nn.Module):
+    """Head: the [CLS] vector through a linear layer -> class logits ``[b, classes]``."""
+
+    def __init__(self, hidden_size: int, classes: int) -> None:
+        super().__init__()
+        self.pool = Pooling("cls")
+        self.dense = nn.Linear(hidden_size, classes)
+
+    def forward(self, hidden, attention_mask):
+        return self.dense(self.pool(hidden, attention_mask))
+
+
+@dataclass
+class ClassifyConfig:
+    labels: list[str]
+    max_length: int = 64
+    mode: str = "subword"
+
+
+@dataclass
+class Labelled:
+    text: str
+    label: str
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    label: int
+
+
+@tasks.register
+class ClassifyTask(Task):
+    """Sentence classification from ``label TAB text`` lines: ``predict`` returns one label per text."""
+
+    name = "classify-test"
+    help = "sentence classification (the README's example task)"
+    config_class = ClassifyConfig
+    output_key = "label"
+    metric = "accuracy"
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--max-length", type=int, default=64)
+
+    @classmethod
+    def read(cls, path, format="auto"):
+        examples = []
+        for lineno, line in iter_lines(path):
+            label, sep, text = line.partition("\t")
+            if not sep:
+                raise DataError(path, lineno, "expected 'label<TAB>text'")
+            examples.append(Labelled(text, label))
+        return examples
+
+    @classmethod
+    def configure(cls, examples, *, encoder, max_length=64):
+        return ClassifyConfig(sorted({ex.label for ex in examples}), max_length)
+
+    def build_heads(self, hidden_size):
+        return {self.head_name: Classifier(hidden_size, len(self.config.labels))}
+
+    def encode(self, examples):
+        ids = self.tokenizer([ex.text for ex in examples], truncation=True, max_length=self.config.max_length)
+        return [Encoded(row, self.config.labels.index(ex.label)) for row, ex in zip(ids["input_ids"], examples)]
+
+    def collate(self, items):
+        return {**model_inputs([it.ids for it in items], self.tokenizer.pad_token_id),
+                "labels": torch.tensor([it.label for it in items])}
+
+    def head_loss(self, head, logits, batch):
+        return F.cross_entropy(logits.float(), batch["labels"])
+
+    @torch.no_grad()
+    def predict(self, model, texts, batch_size=32):
+        model.eval()
+        batch = model_inputs(self.tokenizer(texts, truncation=True, max_length=self.config.max_length)["input_ids"],
+                             self.tokenizer.pad_token_id)
+        logits = model(**batch)[self.head_name]
+        return [self.config.labels[i] for i in logits.argmax(-1).tolist()]
+
+    def to_json(self, prediction):
+        return prediction
+
+    def score(self, examples, predictions):
+        return {"accuracy": sum(ex.label == p for ex, p in zip(examples, predictions)) / max(len(examples), 1)}
+
+
+def test_a_task_in_one_class_trains_predicts_and_evaluates_through_the_registry(tmp_path, capsys):
+    rng = random.Random(0)
+    lines = [f"{label}\t{''.join(rng.choices('天气今日我们', k=4))}{word}{''.join(rng.choices('天气今日', k=3))}"
+             for label, word in [("pos", "好"), ("neg", "坏")] * 40]
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert main(["train", "classify-test", "--train", str(tmp_path / "train.tsv"), "--dev", str(tmp_path / "train.tsv"),
+                 "--encoder", "tiny", "--out", str(tmp_path / "run"), "--epochs", "10", "--batch-size", "16",
+                 "--lr", "2e-3", "--quiet"]) == 0
+    best = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert best["best"]["accuracy"] == 1.0
+    assert main(["predict", str(tmp_path / "run"), "今日天气好", "今日天气坏"]) == 0
+    assert [json.loads(x)["label"] for x in capsys.readouterr().out.splitlines()] == ["pos", "neg"]
+    assert main(["eval", str(tmp_path / "run"), "--data", str(tmp_path / "train.tsv")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"accuracy": 1.0}
+    assert isinstance(zhie.load(tmp_path / "run").task, ClassifyTask)
+
+
+def test_the_four_tasks_are_registered_and_names_are_unique():
+    assert {cls.name for cls in tasks.all_tasks()} >= {"ner", "cws", "re", "similarity"}
+    assert tasks.get("sts") is tasks.get("similarity")
+    with pytest.raises(ValueError, match="unknown task"):
+        tasks.get("nope")
+
+    class Clash(Task):
+        name = "clash"
+        aliases = ("ner",)
+
+    with pytest.raises(ValueError, match="taken"):
+        tasks.register(Clash)
+
+
+# ------------------------------------------------------------------------------------------ format-1 directories
+def to_format_1(model_dir, task: str, renames: dict[str, str], meta_renames: dict[str, str], extra=None) -> None:
+    """Rewrite a model directory as zhie wrote it before the task protocol (no "format", old names)."""
+    weights = load_file(str(model_dir / HEAD_FILE))
+    old = {}
+    for name, value in weights.items():
+        prefix = next(p for p in renames if name.startswith(p))
+        old[renames[prefix] + name[len(prefix):]] = value
+    save_file({**old, **(extra or {})}, str(model_dir / HEAD_FILE))
+    meta = json.loads((model_dir / META_FILE).read_text())
+    meta = {meta_renames.get(k, k): v for k, v in meta.items() if k != "format"}
+    (model_dir / META_FILE).write_text(json.dumps({**meta, "task": task}), encoding="utf-8")
+
+
+@pytest.mark.parametrize("head", ["crf", "egp"])
+def test_a_model_directory_of_the_previous_version_loads(head, tmp_path):
+    write_ner_jsonl(demo.make_corpus(32, seed=0), tmp_path / "train.jsonl")
+    zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder="tiny",
+             head=head, config=TrainConfig(epochs=1, batch_size=16, lr=1e-3), resume=False, progress=False)
+    texts = [demo.SAMPLES[0]]
+    before = zhie.load(tmp_path / "run").predict(texts)
+    renames = {"heads.ner.crf.": "crf.", "heads.ner.": "head."}
+    to_format_1(tmp_path / "run" / "best", "ner", renames, {"overlap": "stride"})
+    assert "crf.transitions" in load_file(str(tmp_path / "run" / "best" / HEAD_FILE)) or head != "crf"
+    assert zhie.load(tmp_path / "run").predict(texts) == before
+
+
+def test_an_old_sentence_model_with_its_classifier_loads(tmp_path):
+    data = tmp_path / "pairs.data"
+    data.write_text("今天天气很好\t今天天气不错\t1\n我要吃饭\t今天天气不错\t0\n", encoding="utf-8")
+    zhie.fit("sts", data, data, out=tmp_path / "run", encoder="tiny", loss="sbert",
+             config=TrainConfig(epochs=1, batch_size=2), resume=False, progress=False)
+    before = zhie.load(tmp_path / "run").predict(["今天天气很好"])
+    to_format_1(tmp_path / "run" / "best", "sts", {}, {}, extra={"classifier.weight": torch.zeros(2, 384),
+                                                                 "classifier.bias": torch.zeros(2)})
+    pipe = zhie.load(tmp_path / "run")
+    assert pipe.task.name == "similarity"
+    torch.testing.assert_close(torch.from_numpy(pipe.predict(["今天天气很好"])), torch.from_numpy(before))
