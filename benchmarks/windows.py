@@ -1,0 +1,82 @@
+"""What the window rule changes on real long texts: gold entities lost or cut at window edges, old rule against new.
+
+    python benchmarks/windows.py                      # CMeEE dev (NER, overlap 32) and CMeIE dev (GPLinker, 64)
+
+Decodes *gold-scored* windows (a perfect model): every window scores exactly the gold entities (triples) it contains
+whole; a tagger's window also tags the part of a cut entity that it sees. Then counts what each rule reports:
+
+* old rule (zhie before the task protocol): an entity is reported by the window that owns its start (each overlap
+  cut in half); a span head drops it unless that window holds it whole, a tagger reports it cut at the window's edge
+  (one false positive, one false negative);
+* new rule: :func:`zhie.text.reporting_window` (span heads lose an entity only when no window holds it whole; a
+  tagger then reports the part in the later window).
+
+For GPLinker the counts are over triple extents (first to last token of the two mentions): with gold scores a triple
+is decoded only in a window that holds both mentions whole, under both rules.
+
+Char mode with e5-small's tokenizer (one token per character), max length 256 as the benchmarks use. One JSON line per
+dataset in ``benchmarks/results/windows.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from common import DATA, append_result, machine
+
+from zhie import encoders
+from zhie.data import read_ner
+from zhie.data.spo import read_spo
+from zhie.text import TextTokenizer, reporting_window, windows
+
+
+def owns(window: tuple[int, int], start: int, n: int, overlap: int) -> bool:
+    """The old rule: the window reports the spans that start between the middles of its two overlaps."""
+    a, b = window
+    left = a + overlap // 2 if a > 0 else 0
+    right = b - overlap + overlap // 2 if b < n else n
+    return left <= start < right
+
+
+def count(spans_per_text: list[tuple[int, list[tuple[int, int]]]], size: int, overlap: int) -> dict:
+    """``spans_per_text``: (token count, gold token spans [start, end)) per text -> what each rule reports."""
+    out = dict.fromkeys(["texts_over_one_window", "gold", "old_not_whole_in_owner", "new_span_lost",
+                         "new_tagger_partial"], 0)
+    for n, spans in spans_per_text:
+        cuts = windows(n, size, overlap)
+        out["texts_over_one_window"] += len(cuts) > 1
+        for s, e in spans:
+            out["gold"] += 1
+            owner = next(w for w in cuts if owns(w, s, n, overlap))
+            out["old_not_whole_in_owner"] += not e <= owner[1]  # span heads: lost; taggers: cut (1 FP + 1 FN)
+            out["new_span_lost"] += reporting_window(cuts, s, e) is None
+            # a tagger reports the later part [a, e) of an entity that no window holds whole
+            out["new_tagger_partial"] += reporting_window(cuts, s, e, cut_at_right_edge=True) is None
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-length", type=int, default=256)
+    args = p.parse_args()
+    _, tokenizer = encoders.load("e5-small")
+    tt = TextTokenizer(tokenizer, "char")
+    size = args.max_length - 2
+
+    def token_spans(text, char_spans):
+        enc = tt(text)
+        located = [enc.char_span_to_tokens(s, e) for s, e in char_spans]
+        return len(enc), [t for t in located if t is not None]
+
+    ner = [token_spans(ex.text, [(s.start, s.end) for s in ex.spans]) for ex in read_ner(DATA / "ner/cmeee/dev.json")]
+    extents = [token_spans(ex.text, [(min(t.subject.start, t.object.start), max(t.subject.end, t.object.end))
+                                     for t in ex.triples if t.located])
+               for ex in read_spo(DATA / "re/cmeie/dev.jsonl")]
+    for name, data, overlap in (("cmeee/dev", ner, 32), ("cmeie/dev (triple extents)", extents, min(64, size - 1))):
+        append_result("windows", {"dataset": name, "max_length": args.max_length, "overlap": overlap,
+                                  "texts": len(data), **count(data, size, overlap), "machine": machine(),
+                                  "command": f"python benchmarks/windows.py --max-length {args.max_length}"})
+
+
+if __name__ == "__main__":
+    main()
