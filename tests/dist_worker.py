@@ -7,8 +7,13 @@ writing, renamed or deleted; seen by an audit hook).
 ``cosent RESULTS`` computes the CoSENT loss of :class:`SimilarityTask` on this rank's 16 of 32 sentence pairs whose
 vectors come from a DDP-wrapped linear layer, and writes ``RESULTS/rank<r>.json``: the loss and the layer's
 gradient once DDP has averaged it.
+
+``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
+interrupted in its third step, resumes that run, and writes ``RESULTS/rank<r>.json``: the largest difference between
+the final weights of the two runs.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +24,7 @@ from torch import nn
 
 import zhie
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
-from zhie.training import TrainConfig
+from zhie.training import TrainConfig, train
 
 PAIRS, DIM = 32, 8
 # Audit events that change files, and how many of their first arguments are paths (os.rename: source, target).
@@ -47,6 +52,39 @@ def cosent() -> dict:
     return {"loss": loss.item(), "weight_grad": layer.weight.grad.tolist(), "bias_grad": layer.bias.grad.tolist()}
 
 
+class Interrupted(Exception):
+    pass
+
+
+def toy_run(out: Path, resume: bool, interrupt_at: int | None = None) -> dict[str, torch.Tensor]:
+    """4 steps of 2 x 8 items, a checkpoint after each; raises Interrupted in the step ``interrupt_at``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(DIM, 32), nn.Dropout(0.5), nn.Linear(32, 1))
+    data = torch.randn(64, DIM + 1, generator=torch.Generator().manual_seed(1))
+    steps = 0
+
+    def loss_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        nonlocal steps
+        steps += 1
+        if steps == interrupt_at:
+            raise Interrupted
+        return ((m(batch["x"]) - batch["y"]) ** 2).mean()
+
+    train(model, list(range(64)), collate=lambda rows: {"x": data[rows, :DIM], "y": data[rows, DIM:]},
+          loss_fn=loss_fn, config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0, warmup=0.0, save_every=1),
+          out_dir=out, resume=resume, progress=False)
+    return model.state_dict()
+
+
+def resume(out: str) -> dict:
+    full = toy_run(Path(out, "full"), resume=False)
+    with contextlib.suppress(Interrupted):
+        toy_run(Path(out, "resumed"), resume=False, interrupt_at=3)
+    resumed = toy_run(Path(out, "resumed"), resume=True)
+    torch.distributed.destroy_process_group()
+    return {"max_difference": max((full[k] - resumed[k]).abs().max().item() for k in full)}
+
+
 def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     out = Path(out).resolve()
     writes = []
@@ -71,6 +109,6 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
 
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
-    result = cosent() if mode == "cosent" else ner(*args)
+    result = {"cosent": cosent, "resume": resume, "ner": ner}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))

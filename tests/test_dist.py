@@ -1,6 +1,7 @@
 """Training in several processes: ``torchrun`` with 2 CPU processes (gloo) computes what one process computes with
-twice the batch, only the main process writes, CoSENT ranks the pairs of every process, batches are cut into full
-slices, and the e5-small conversion runs once when several processes start together."""
+twice the batch, only the main process writes, CoSENT ranks the pairs of every process, an interrupted run resumes
+bit-exactly, batches are cut into full slices, and the e5-small conversion runs once when several processes start
+together."""
 
 import json
 import os
@@ -129,6 +130,13 @@ def test_cosent_over_two_processes_is_cosent_over_all_pairs(tmp_path):
         torch.testing.assert_close(torch.tensor(r["bias_grad"]), layer.bias.grad, rtol=1e-5, atol=1e-6)
     half = task.head_loss(None, layer(inputs[:PAIRS]), {"labels": labels[:PAIRS // 2]})
     assert abs(half.item() - loss.item()) > 0.1  # a process ranking only its own pairs would be caught
+
+
+@needs_gloo
+def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
+    """Bit-exact resume in 2 processes with dropout: each process gets its own generators back from the
+    checkpoint (the main process's alone would give the other one different dropout masks)."""
+    assert [r["max_difference"] for r in torchrun(2, tmp_path / "results", "resume", tmp_path)] == [0.0, 0.0]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@ renamed into place, so a crash leaves either the old file or directory or the ne
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -67,6 +66,8 @@ def recover_dir(target: Path) -> None:
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block: the processes, or threads, that
     take the lock on the same path run their blocks one at a time. The system releases it if the process dies."""
+    import fcntl  # POSIX only: imported here so that the rest of this module also works elsewhere
+
     with open(path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
