@@ -48,8 +48,11 @@ def cosent() -> dict:
     loss = task.head_loss(None, model(inputs[2 * n * rank:2 * n * (rank + 1)]),
                           {"labels": labels[n * rank:n * (rank + 1)]})
     loss.backward()
+    result = {"loss": loss.item(), "weight_grad": layer.weight.grad.tolist(), "bias_grad": layer.bias.grad.tolist()}
+    del model, loss  # DDP's reducer must go before its process group (else gloo may abort at exit)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    return {"loss": loss.item(), "weight_grad": layer.weight.grad.tolist(), "bias_grad": layer.bias.grad.tolist()}
+    return result
 
 
 class Interrupted(Exception):
