@@ -181,3 +181,20 @@ def test_an_old_sentence_model_with_its_classifier_loads(tmp_path):
     pipe = zhie.load(tmp_path / "run")
     assert pipe.task.name == "similarity"
     torch.testing.assert_close(torch.from_numpy(pipe.predict(["今天天气很好"])), torch.from_numpy(before))
+
+
+def test_an_old_gplinker_model_loads(tmp_path):
+    text = "糖尿病患者常出现多饮、多尿。"
+    spo = {"predicate": "临床表现", "subject": "糖尿病", "object": {"@value": "多饮"}}
+    (tmp_path / "re.jsonl").write_text(json.dumps({"text": text, "spo_list": [spo]}, ensure_ascii=False) + "\n",
+                                       encoding="utf-8")
+    zhie.fit("re", tmp_path / "re.jsonl", tmp_path / "re.jsonl", out=tmp_path / "run", encoder="tiny",
+             config=TrainConfig(epochs=1, batch_size=1), resume=False, progress=False)
+    before = zhie.load(tmp_path / "run")
+    to_format_1(tmp_path / "run" / "best", "re", {"heads.re.": ""}, {"head": "variant", "overlap": "stride"})
+    assert {k.split(".")[0] for k in load_file(str(tmp_path / "run" / "best" / HEAD_FILE))} == {
+        "entity", "head_head", "tail_tail"}
+    after = zhie.load(tmp_path / "run")
+    assert after.task.config == before.task.config
+    state, old_state = after.model.state_dict(), before.model.state_dict()
+    assert all(torch.equal(state[k], old_state[k]) for k in state)

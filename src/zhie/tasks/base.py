@@ -223,10 +223,10 @@ class Task:
         """The loss of this task's head given its output on ``batch``."""
         raise NotImplementedError
 
-    def objective(self, hidden_size: int):
-        """What the training loop minimises: ``objective(model, batch) -> scalar``; an ``nn.Module`` when the loss
-        has weights of its own (trained, but not saved with the model)."""
-        return self.loss
+    def objective(self, hidden_size: int) -> nn.Module:
+        """What the training loop minimises: a module, ``objective(model, batch) -> scalar``. A task whose loss has
+        weights of its own (trained, but not saved with the model) returns a :class:`TaskLoss` subclass holding them."""
+        return TaskLoss(self)
 
     # ---------------------------------------------------------------------------------------- prediction, metrics
     def predict(self, model: Model, texts: list[str], batch_size: int = 32) -> list:
@@ -292,6 +292,17 @@ def only_auto_format(format: str, what: str) -> None:
     """Readers of one format: ``--format`` other than ``auto`` is an error that says what the data must be."""
     if format != "auto":
         raise ValueError(f"--format {format} does not apply to {what}; leave it out")
+
+
+class TaskLoss(nn.Module):
+    """A task's loss as a module: ``TaskLoss(task)(model, batch) == task.loss(model, batch)``; no weights here."""
+
+    def __init__(self, task: Task) -> None:
+        super().__init__()
+        self.task = task
+
+    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
+        return self.task.loss(model, batch)
 
 
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,

@@ -33,6 +33,7 @@ from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,
     Task,
+    TaskLoss,
     add_text_command,
     device_of,
     model_inputs,
@@ -91,12 +92,11 @@ class SentencePipeline(Pipeline):
         return (self.encode(a, batch_size) * self.encode(b, batch_size)).sum(1)
 
 
-class SbertObjective(nn.Module):
+class SbertObjective(TaskLoss):
     """The Sentence-BERT objective with its classifier (trained with the model, not saved with it)."""
 
     def __init__(self, task: SimilarityTask, hidden_size: int) -> None:
-        super().__init__()
-        self.task = task
+        super().__init__(task)
         self.softmax_loss = SoftmaxLoss(hidden_size, task.config.num_classes)
 
     def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
@@ -173,8 +173,8 @@ class SimilarityTask(Task):
             return cosent_loss(all_gather_with_grad(cos), all_gather_with_grad(batch["labels"]), c.scale)
         return cosine_mse_loss(cos, (batch["labels"] - c.label_min) / (c.label_max - c.label_min))
 
-    def objective(self, hidden_size: int):
-        return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else self.loss
+    def objective(self, hidden_size: int) -> nn.Module:
+        return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else TaskLoss(self)
 
     @torch.no_grad()
     def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
