@@ -93,13 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_train(args) -> None:
     import zhie
+    from zhie.training import is_main_process
 
     result = zhie.fit(args.task_class, args.train, args.dev, out=args.out, encoder=args.encoder,
                       keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers, format=args.format,
                       config=_train_config(args), resume=not args.no_resume, progress=not args.quiet,
                       **{dest: getattr(args, dest) for dest in args.task_options})
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
-    print(json.dumps(best, ensure_ascii=False))
+    if is_main_process():  # under torchrun, once
+        print(json.dumps(best, ensure_ascii=False))
 
 
 def cmd_eval(args) -> None:
