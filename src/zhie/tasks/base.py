@@ -216,8 +216,10 @@ class Task:
         raise NotImplementedError
 
     def loss(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        return self.head_loss(model.heads[self.head_name], model(input_ids=batch["input_ids"],
-                              attention_mask=batch["attention_mask"])[self.head_name], batch)
+        """Run the model on ``batch`` and score this task's head (a multi-task model runs the encoder once and calls
+        ``head_loss`` of each task)."""
+        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        return self.head_loss(model.heads[self.head_name], outputs[self.head_name], batch)
 
     def head_loss(self, head: nn.Module, output: Any, batch: dict[str, Tensor]) -> Tensor:
         """The loss of this task's head given its output on ``batch``."""
