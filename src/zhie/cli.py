@@ -37,6 +37,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patience", type=int, default=None, help="stop after N evaluations without improvement")
     p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: each epoch)")
     p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
+    p.add_argument("--unshare-layers", action="store_true",
+                   help="ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
     p.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
@@ -96,7 +98,8 @@ def cmd_train(args) -> None:
     from zhie.training import is_main_process
 
     result = zhie.fit(args.task_class, args.train, args.dev, out=args.out, encoder=args.encoder,
-                      keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers, format=args.format,
+                      keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
+                      unshare_layers=args.unshare_layers, format=args.format,
                       config=_train_config(args), resume=not args.no_resume, progress=not args.quiet,
                       **{dest: getattr(args, dest) for dest in args.task_options})
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}

@@ -34,8 +34,16 @@ class WeightsMismatchError(RuntimeError):
 
 
 def load(name_or_dir: str | os.PathLike, *, texts: Iterable[str] | None = None, cache_dir=None,
-         seed: int = 0):
-    """Return ``(model, tokenizer)`` for a local directory, ``"e5-small"``, ``"tiny"`` or a hub name."""
+         seed: int = 0, unshare: bool = False):
+    """Return ``(model, tokenizer)`` for a local directory, ``"e5-small"``, ``"tiny"`` or a hub name.
+
+    ``unshare=True`` (ALBERT only): drop the layer sharing, see :func:`zhie.encoders.albert.unshare`.
+    """
+    if unshare:
+        from zhie.encoders.albert import unshare as unshare_layers
+
+        model, tokenizer = load(name_or_dir, texts=texts, cache_dir=cache_dir, seed=seed)
+        return unshare_layers(model), tokenizer
     name = str(name_or_dir)
     if name == e5.NAME and not Path(name).exists():
         return load_pretrained(e5.convert(out_dir=Path(cache_dir) / e5.NAME if cache_dir else None))

@@ -128,18 +128,18 @@ CJK_CHARSET = "".join(map(chr, [*range(0x4E00, 0xA000), *range(0x3400, 0x4DC0), 
 
 
 def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tokens: str = "auto",
-                    layers: int | None = None, seed: int = 0):
+                    layers: int | None = None, seed: int = 0, unshare: bool = False):
     """Load an encoder for training: optionally keep only its first ``layers`` layers and prune its vocabulary.
 
     ``keep_tokens`` (bert4keras's keep_tokens; char mode only): ``"all"`` keeps the vocabulary as it is;
     ``"cjk"`` keeps the tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character
     of ``texts``; ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000
     tokens (e5-small's 250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"``
-    otherwise. ``seed`` initialises the ``tiny`` encoder.
+    otherwise. ``seed`` initialises the ``tiny`` encoder; ``unshare`` drops an ALBERT's layer sharing (spec §9.1).
     """
     from zhie import encoders
 
-    model, tokenizer = encoders.load(name, texts=texts, seed=seed)
+    model, tokenizer = encoders.load(name, texts=texts, seed=seed, unshare=unshare)
     if layers is not None:
         encoders.truncate_layers(model, layers)
     if keep_tokens == "auto":

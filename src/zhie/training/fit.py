@@ -26,13 +26,14 @@ __all__ = ["fit"]
 
 def fit(task: str | type[Task], train_path: str | os.PathLike, dev_path: str | os.PathLike, *,
         out: str | os.PathLike, encoder: str = "e5-small", keep_tokens: str = "auto", encoder_layers: int | None = None,
-        format: str = "auto", config: TrainConfig | None = None, resume: bool = True, progress: bool = True,
-        **options) -> dict:
+        unshare_layers: bool = False, format: str = "auto", config: TrainConfig | None = None, resume: bool = True,
+        progress: bool = True, **options) -> dict:
     """Train ``task`` (a registered name or class) on ``train_path``, keep the best model on ``dev_path`` in
     ``out/best``; returns the loop's summary (``best``, ``best_step``, ``steps``, ``history``).
 
     ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …);
-    ``keep_tokens`` and ``encoder_layers`` shape the encoder (:func:`~zhie.tasks.base.prepare_encoder`).
+    ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
+    (:func:`~zhie.tasks.base.prepare_encoder`).
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     config = config or TrainConfig()
@@ -41,7 +42,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike, dev_path: str | o
     task_config = cls.configure(train_examples, encoder=str(encoder), **options)
     enc, tokenizer = prepare_encoder(str(encoder), texts=cls.texts(train_examples + dev_examples),
                                      mode=task_config.mode, keep_tokens=keep_tokens, layers=encoder_layers,
-                                     seed=config.seed)
+                                     seed=config.seed, unshare=unshare_layers)
     t = cls(task_config, tokenizer)
     items = t.encode(train_examples)
     with seeded(config.seed):  # the same heads (and loss weights) in every run with this seed
