@@ -30,9 +30,9 @@ _LAYER = {
 
 
 def unshare(albert: nn.Module) -> nn.Module:
-    """An :class:`~transformers.ElectraModel` with one independent layer per layer the ALBERT applies (``num_hidden_layers
-    x inner_group_num``), each a copy of the shared block it used; embeddings and projection kept. The pooler (unused by
-    zhie) is dropped."""
+    """An :class:`~transformers.ElectraModel` with one independent layer per layer the ALBERT applies
+    (``num_hidden_layers x inner_group_num``), each a copy of the shared block it used; embeddings and projection kept.
+    The pooler (unused by zhie) is dropped."""
     from transformers import AlbertModel, ElectraConfig, ElectraModel
 
     if not isinstance(albert, AlbertModel):
