@@ -170,7 +170,7 @@ def prune_vocab(model: nn.Module, tokenizer, keep_ids: Iterable[int]):
 
     keep = sorted(set(keep_ids) | set(tokenizer.all_special_ids))
     old_to_new = {old: new for new, old in enumerate(keep)}
-    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    spec = json.loads(_serialisable(tokenizer.backend_tokenizer))
     vocab = spec["model"]["vocab"]
     if spec["model"]["type"] == "Unigram":
         spec["model"]["vocab"] = [vocab[i] for i in keep]
@@ -199,6 +199,25 @@ def prune_vocab(model: nn.Module, tokenizer, keep_ids: Iterable[int]):
         if value is not None:
             setattr(model.config, attr, old_to_new.get(value))
     return model, new_tokenizer
+
+
+def _serialisable(backend) -> str:
+    """The tokenizer as JSON. RoFormer's word-level pre-tokenizer (jieba) is Python code that cannot be serialised:
+    it is written as BERT's (which is also what transformers saves for RoFormer); pruning is for char mode, which
+    looks characters up in the vocabulary and never uses the pre-tokenizer."""
+    try:
+        return backend.to_str()
+    except Exception as err:
+        if "Custom PreTokenizer" not in str(err):
+            raise
+    from tokenizers import pre_tokenizers
+
+    original = backend.pre_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    try:
+        return backend.to_str()
+    finally:
+        backend.pre_tokenizer = original
 
 
 def _remap_ids(node, old_to_new: dict[int, int]) -> None:
