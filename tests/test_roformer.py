@@ -23,7 +23,8 @@ def roformer_dir(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("roformer")
     chars = sorted({c for ex in CORPUS for c in ex.text})
-    (out / "vocab.txt").write_text("\n".join(encoders.SPECIAL_TOKENS + chars + ["北京", "公司"]) + "\n", encoding="utf-8")
+    vocab = encoders.SPECIAL_TOKENS + chars + ["北京", "公司"]  # two words: a word-level vocabulary
+    (out / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
     RoFormerTokenizer(str(out / "vocab.txt")).save_pretrained(out)
     tokenizer = RoFormerTokenizerFast.from_pretrained(out)
     config = RoFormerConfig(vocab_size=len(tokenizer), embedding_size=32, hidden_size=32, num_hidden_layers=2,
