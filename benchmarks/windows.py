@@ -1,6 +1,7 @@
 """What the window rule changes on real long texts: gold entities lost or cut at window edges, old rule against new.
 
     python benchmarks/windows.py                      # CMeEE dev (NER, overlap 32) and CMeIE dev (GPLinker, 64)
+    python benchmarks/windows.py --model runs/bench/cmeee-egp --data ../shared/data/ner/cmeee/dev.json  # a trained model
 
 Decodes *gold-scored* windows (a perfect model): every window scores exactly the gold entities (triples) it contains
 whole; a tagger's window also tags the part of a cut entity that it sees. Then counts what each rule reports:
@@ -16,6 +17,9 @@ is decoded only in a window that holds both mentions whole, under both rules.
 
 Char mode with e5-small's tokenizer (one token per character), max length 256 as the benchmarks use. One JSON line per
 dataset in ``benchmarks/results/windows.jsonl``.
+
+With ``--model``: a trained NER model's window predictions on ``--data``, reported under the old and the new rule
+(span P/R/F1 of each, and how many predicted entities differ), at the model's max length or ``--max-length``.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import argparse
 
 from common import DATA, append_result, machine
 
+import zhie
 from zhie import encoders
 from zhie.data import read_ner
 from zhie.data.spo import read_spo
+from zhie.metrics import span_prf
 from zhie.text import TextTokenizer, reporting_window, windows
 
 
@@ -55,10 +61,46 @@ def count(spans_per_text: list[tuple[int, list[tuple[int, int]]]], size: int, ov
     return out
 
 
+def model_run(args) -> None:
+    """Both rules on one run of a trained NER model over every window of the data."""
+    pipe = zhie.load(args.model)
+    task = pipe.task
+    if args.max_length:
+        task.config.max_length = args.max_length
+    size, overlap = task.window
+    examples = task.read(args.data)
+    new, old = [set() for _ in examples], [set() for _ in examples]
+    for i, enc, cuts, w, row in task.window_hits(pipe.model, [ex.text for ex in examples], args.batch_size):
+        a = cuts[w][0]
+        for hit in row:
+            key = (*enc.token_span_to_chars(a + hit.start, a + hit.end), task.config.labels[hit.label])
+            if reporting_window(cuts, a + hit.start, a + hit.end, cut_at_right_edge=task.cut_at_right_edge) == w:
+                new[i].add(key)
+            if owns(cuts[w], a + hit.start, len(enc), overlap):
+                old[i].add(key)
+    gold = [ex.spans for ex in examples]
+    row = {"model": args.model, "data": args.data, "head": task.config.head, "max_length": task.config.max_length,
+           "overlap": overlap, "texts_over_one_window": sum(len(task.text_tokenizer(ex.text)) > size for ex in examples)}
+    for name, pred in (("old", old), ("new", new)):
+        metrics = span_prf(gold, [sorted(p) for p in pred])
+        row.update({f"{name}_{k}": metrics["micro"][k] for k in ("precision", "recall", "f1")})
+        row[f"{name}_n_pred"] = metrics["n_pred"]
+    row["entities_differing"] = sum(len(a ^ b) for a, b in zip(old, new))
+    row.update({"machine": machine(), "command": "python benchmarks/windows.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None)})
+    append_result("windows", row)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-length", type=int, default=256)
+    p.add_argument("--max-length", type=int, default=None, help="default: 256, or the model's")
+    p.add_argument("--model", default=None, help="a trained NER model directory (or run directory)")
+    p.add_argument("--data", default=None, help="with --model: the labelled file to predict")
+    p.add_argument("--batch-size", type=int, default=32)
     args = p.parse_args()
+    if args.model:
+        return model_run(args)
+    args.max_length = args.max_length or 256
     _, tokenizer = encoders.load("e5-small")
     tt = TextTokenizer(tokenizer, "char")
     size = args.max_length - 2

@@ -397,10 +397,10 @@ class WindowedTask(Task):
         raise NotImplementedError
 
     @torch.no_grad()
-    def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
-                      ) -> Iterator[tuple[int, Encoding, int, Any]]:
-        """Run the model over every window of every text, longest first; yield ``(text index, encoding, window
-        start, hit)`` for each hit its window reports (so each once).
+    def window_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
+                    ) -> Iterator[tuple[int, Encoding, list[tuple[int, int]], int, list]]:
+        """Run the model over every window of every text, longest first; yield ``(text index, encoding, the text's
+        windows, window index, the window's hits)``.
 
         ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
         """
@@ -426,8 +426,14 @@ class WindowedTask(Task):
                 timings["decode_s"] = timings.get("decode_s", 0.0) + time.perf_counter() - t1
             for j, row in zip(batch_jobs, decoded):
                 i, w = jobs[j]
-                a = cuts[i][w][0]
-                for hit in row:
-                    start, end = hit.extent
-                    if reporting_window(cuts[i], a + start, a + end, cut_at_right_edge=self.cut_at_right_edge) == w:
-                        yield i, encodings[i], a, hit
+                yield i, encodings[i], cuts[i], w, row
+
+    def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
+                      ) -> Iterator[tuple[int, Encoding, int, Any]]:
+        """``(text index, encoding, window start, hit)`` for each hit that its window reports (so each once)."""
+        for i, encoding, cuts, w, row in self.window_hits(model, texts, batch_size, timings):
+            a = cuts[w][0]
+            for hit in row:
+                start, end = hit.extent
+                if reporting_window(cuts, a + start, a + end, cut_at_right_edge=self.cut_at_right_edge) == w:
+                    yield i, encoding, a, hit
