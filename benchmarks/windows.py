@@ -1,7 +1,7 @@
 """What the window rule changes on real long texts: gold entities lost or cut at window edges, old rule against new.
 
     python benchmarks/windows.py                      # CMeEE dev (NER, overlap 32) and CMeIE dev (GPLinker, 64)
-    python benchmarks/windows.py --model runs/bench/cmeee-egp --data ../shared/data/ner/cmeee/dev.json  # a trained model
+    python benchmarks/windows.py --model runs/bench/cmeee-egp --data ../shared/data/ner/cmeee/dev.json  # trained
 
 Decodes *gold-scored* windows (a perfect model): every window scores exactly the gold entities (triples) it contains
 whole; a tagger's window also tags the part of a cut entity that it sees. Then counts what each rule reports:
@@ -79,8 +79,9 @@ def model_run(args) -> None:
             if owns(cuts[w], a + hit.start, len(enc), overlap):
                 old[i].add(key)
     gold = [ex.spans for ex in examples]
+    long = sum(len(task.text_tokenizer(ex.text)) > size for ex in examples)
     row = {"model": args.model, "data": args.data, "head": task.config.head, "max_length": task.config.max_length,
-           "overlap": overlap, "texts_over_one_window": sum(len(task.text_tokenizer(ex.text)) > size for ex in examples)}
+           "overlap": overlap, "texts_over_one_window": long}
     for name, pred in (("old", old), ("new", new)):
         metrics = span_prf(gold, [sorted(p) for p in pred])
         row.update({f"{name}_{k}": metrics["micro"][k] for k in ("precision", "recall", "f1")})
