@@ -28,19 +28,21 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 
+from zhie.heads.tagger import IGNORE
+
 __all__ = ["cosent_prior", "crf_prior", "multilabel_prior", "softmax_tagging_prior"]
 
 
 def softmax_tagging_prior(tag_sequences: Sequence[Sequence[int]]) -> float:
     """``H(p)`` of the tag frequencies over every tagged token (tags ``-100`` are not tagged)."""
-    counts = Counter(t for tags in tag_sequences for t in tags if t != -100)
+    counts = Counter(t for tags in tag_sequences for t in tags if t != IGNORE)
     total = sum(counts.values())
     return -sum(c / total * math.log(c / total) for c in counts.values())
 
 
 def crf_prior(tag_sequences: Sequence[Sequence[int]]) -> float:
     """The tags' Markov chain's negative log-likelihood, averaged over the (non-empty) sequences."""
-    sequences = [[t for t in tags if t != -100] for tags in tag_sequences]
+    sequences = [[t for t in tags if t != IGNORE] for tags in tag_sequences]
     sequences = [s for s in sequences if s]
     first = Counter(s[0] for s in sequences)
     pairs = Counter((a, b) for s in sequences for a, b in zip(s, s[1:]))

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from zhie.data import NerExample, read_ner
 from zhie.heads import CrfTagger, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger
+from zhie.heads.tagger import IGNORE
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.spans import Span, spans_to_tags, tags_to_spans
@@ -161,7 +162,7 @@ class TagLabels:
         return [self.tag_index[t] for t in tags]
 
     def labels(self, items: list[NerWindow], n: int) -> Tensor:
-        return pad([[-100, *it.tags, -100] for it in items], -100, n)
+        return pad([[IGNORE, *it.tags, IGNORE] for it in items], IGNORE, n)
 
     def loss(self, head: nn.Module, emissions: Tensor, labels: Tensor) -> Tensor:
         return head.loss(emissions[:, 1:], labels[:, 1:])  # content tokens start at position 1
