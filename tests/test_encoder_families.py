@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import zhie
 from zhie import demo
@@ -78,3 +79,15 @@ def test_own_encoders_learn_a_small_ner_sample(spec, tmp_path):
     zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder=spec,
              head="crf", config=TrainConfig(epochs=12, batch_size=8, lr=3e-3, seed=0), resume=False, progress=False)
     assert zhie.load(tmp_path / "run").evaluate(corpus)["micro"]["f1"] >= 0.9
+
+
+def test_encoder_layers_cut_every_family():
+    from zhie import encoders
+
+    for spec, _ in FAMILIES.values():
+        model, tokenizer = encoders.load(spec, texts=["你好世界"])
+        full = model.eval()(**tokenizer(["你好世界"], return_tensors="pt"), output_hidden_states=True)
+        encoders.truncate_layers(model, 1)
+        cut = model(**tokenizer(["你好世界"], return_tensors="pt")).last_hidden_state
+        assert model.config.num_hidden_layers == 1
+        torch.testing.assert_close(cut, full.hidden_states[1], msg=spec)  # = the first layer of the full encoder

@@ -241,10 +241,18 @@ def check_loading_info(model: nn.Module, info: dict, source: str) -> None:
 
 
 def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
-    """Keep only the first ``layers`` transformer layers (a weaker, faster encoder); in place."""
+    """Keep only the first ``layers`` transformer layers (a weaker, faster encoder); in place.
+
+    An ALBERT with one layer group (every released one) applies its shared block fewer times."""
     stack = getattr(getattr(model, "encoder", None), "layer", None)
+    if type(model).__name__ == "AlbertModel" and model.config.num_hidden_groups == 1:
+        if not 1 <= layers <= model.config.num_hidden_layers:
+            raise ValueError(f"layers must be between 1 and {model.config.num_hidden_layers}, got {layers}")
+        model.config.num_hidden_layers = layers
+        return model
     if not isinstance(stack, nn.ModuleList):
-        raise ValueError(f"cannot truncate the layers of a {type(model).__name__}")
+        raise ValueError(f"cannot truncate the layers of a {type(model).__name__}: it has no encoder.layer list "
+                         "(an ALBERT with several layer groups cannot be cut either); train without --encoder-layers")
     if not 1 <= layers <= len(stack):
         raise ValueError(f"layers must be between 1 and {len(stack)}, got {layers}")
     model.encoder.layer = stack[:layers]
