@@ -11,7 +11,7 @@ gain and no offset, ``x <- Norm(alpha * x + Dropout(F(x)))`` (alpha = 1 unless D
   ``O = (U * (A V)) W_o`` where ``A`` is one of ``normalization``:
 
   - ``squared_relu``: ``relu(QK^T / sqrt(s))^2 / l`` (FLASH's), ``l`` = number of valid (unpadded) keys;
-  - ``softmax``: ``softmax(QK^T / sqrt(s))``;
+  - ``softmax``: ``softmax(QK^T / sqrt(s))`` (through torch's SDPA kernels, as ``softmax_plus``);
   - ``softmax_plus`` (GAU-α's, entropy-invariant): ``softmax(QK^T / sqrt(s) * log(l) / log(512))``. bert4keras
     counts ``l`` as the valid keys since 2022-04 and clamps it to ``l >= 16`` since 2023-03-09 ("too-short
     sequences should not be down-scaled"); ``softmax_plus_min_length`` (default 16, the 2023 behaviour) sets
@@ -53,7 +53,6 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput
 
-from zhie.heads.masking import masking_value
 from zhie.heads.rope import apply_rope
 
 __all__ = ["GAUAlphaConfig", "GAUAlphaModel", "RoFormerV2Config", "RoFormerV2Model", "deepnorm_constants"]
@@ -264,16 +263,18 @@ class GatedAttentionUnit(nn.Module):
         return a / math.sqrt(self.config.attention_key_size) if self.config.attention_scale else a
 
     def _quadratic(self, v: Tensor, z: Tensor, valid: Tensor, keys: Tensor) -> Tensor:
-        a = self._scores(apply_rope(self.q_scaleoffset(z)), apply_rope(self.k_scaleoffset(z)))  # [b, n, n]
-        key_mask = valid[:, None, :]
+        q, k = apply_rope(self.q_scaleoffset(z)), apply_rope(self.k_scaleoffset(z))
         method = self.config.normalization
         if method == "squared_relu":
-            attn = torch.relu(a).square() / keys * key_mask
-        else:
-            if method == "softmax_plus":
-                a = a * (keys.clamp(min=self.config.softmax_plus_min_length).log() / math.log(512))
-            attn = torch.softmax(a.masked_fill(~key_mask, masking_value(a.dtype)), dim=-1)
-        return self.dropout(attn) @ v
+            attn = torch.relu(self._scores(q, k)).square() / keys * valid[:, None, :]
+            return self.dropout(attn) @ v
+        if method == "softmax_plus":  # scaling the queries scales every logit of their row
+            q = q * (keys.clamp(min=self.config.softmax_plus_min_length).log() / math.log(512)).to(q.dtype)
+        scale = 1 / math.sqrt(self.config.attention_key_size) if self.config.attention_scale else 1.0
+        out = F.scaled_dot_product_attention(  # one head; torch's fused kernels where they apply
+            q[:, None], k[:, None], v[:, None], attn_mask=valid[:, None, None, :], scale=scale,
+            dropout_p=self.dropout.p if self.training else 0.0)
+        return out[:, 0]
 
     def _flash(self, u: Tensor, v: Tensor, z: Tensor, valid: Tensor, keys: Tensor) -> Tensor:
         b, n = valid.shape
