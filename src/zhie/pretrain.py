@@ -114,6 +114,11 @@ def iter_corpus(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Iter
     line ``line`` ended), streamed. A NUL byte (a binary file), a line that is not UTF-8 or an over-long line raises
     :class:`DataError` with the file and line."""
     with open(path, "rb") as f:
+        if offset == 0:  # a NUL byte near the start: a binary file, even if an earlier line is not UTF-8
+            head = f.read(8192)
+            if b"\0" in head:
+                raise DataError(path, head[:head.index(b"\0")].count(b"\n") + 1,
+                                "binary data (a NUL byte): the corpus must be UTF-8 text, one paragraph per line")
         f.seek(offset)
         while raw := f.readline(MAX_LINE_BYTES):
             line += 1
