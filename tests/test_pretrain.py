@@ -296,3 +296,28 @@ def test_other_input_errors(tmp_path):
         pretrain([small], BERT, other, config=PretrainConfig(heldout=0), progress=False)
     assert (other / "keep.txt").read_text(encoding="utf-8") == "not a run"
     assert not (tmp_path / "out").exists()
+
+
+@needs_corpus
+def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(lines, corpus, tmp_path):
+    import transformers
+
+    vocab = encoders.char_vocab(lines)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64)
+    torch.manual_seed(0)
+    reference = transformers.BertForMaskedLM(config)
+    with torch.no_grad():
+        reference.cls.predictions.bias.normal_()
+    reference.save_pretrained(tmp_path / "hf")
+    encoders.wordpiece_tokenizer(vocab).save_pretrained(tmp_path / "hf")
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
+    _run(small, tmp_path / "out", str(tmp_path / "hf"), steps=1, lr=0.0, weight_decay=0.0, keep_tokens="data",
+         heldout=5)
+    encoder, tokenizer = encoders.load(tmp_path / "out")
+    head, _ = load_head(encoder, tmp_path / "out")
+    assert len(tokenizer) < len(vocab)
+    old = {token: reference.cls.predictions.bias[i].item() for i, token in enumerate(vocab)}
+    for token, i in tokenizer.get_vocab().items():
+        assert head.bias[i].item() == pytest.approx(old[token]), token

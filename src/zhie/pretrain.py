@@ -75,6 +75,7 @@ class PretrainConfig:
     mask_rate: float = 0.15
     segmenter: str = "rjieba"           # "rjieba", "jieba" or a zhie CWS model directory (whole-word masking)
     tokens: str = "char"                # "char" (zhie's tasks' mode) or "subword" (the tokenizer's own tokens)
+    keep_tokens: str = "auto"           # char mode: prune the vocabulary as zhie train does (auto, all, cjk, data)
     heldout: int = 1000                 # the corpus's first non-blank lines, kept out of training
     shuffle_buffer: int = 2000          # sequences
     seed: int = 0
@@ -98,7 +99,7 @@ class PretrainConfig:
         if not 0 < self.mask_rate < 1:
             raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         choices = {"optimizer": ("adamw", "lamb"), "mask": ("whole-word", "char"), "tokens": ("char", "subword"),
-                   "precision": ("auto", "fp32", "bf16")}
+                   "precision": ("auto", "fp32", "bf16"), "keep_tokens": ("auto", "all", "cjk", "data")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -513,6 +514,8 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{encoder}: the tokenizer has no mask token, which MLM pre-training needs")
     head, head_note = load_head(enc, model_source, seed=config.seed)
+    if not resuming:
+        enc, tokenizer = _keep_tokens(enc, tokenizer, head, config, info.charset, say)
     if head_note is None:
         name = str(encoder)
         head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if _is_new(name) else
@@ -667,6 +670,32 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
             "head": summary["head_source"]}
 
 
+def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
+    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does (:func:`zhie.tasks.base.prepare_encoder`):
+    ``auto`` keeps CJK, ASCII and the corpus's characters for vocabularies over 50,000 tokens (e5-small: 250k -> about
+    20k rows, so each step is far cheaper), ``all`` keeps everything; the head's output bias follows the rows."""
+    from zhie import encoders
+    from zhie.tasks.base import CJK_CHARSET
+    from zhie.text import TextTokenizer
+
+    keep = config.keep_tokens
+    if keep == "auto":
+        keep = "cjk" if len(tokenizer) > 50_000 else "all"
+    if keep == "all" or config.tokens != "char":
+        return enc, tokenizer
+    chars = charset | (set(CJK_CHARSET) if keep == "cjk" else set())
+    tt = TextTokenizer(tokenizer, "char")
+    ids = {tt.char_id(c) for c in chars} - {None}
+    rows = torch.tensor(sorted(ids | set(tokenizer.all_special_ids)))  # the rows prune_vocab keeps, in its order
+    before = len(tokenizer)
+    enc, tokenizer = encoders.prune_vocab(enc, tokenizer, ids)
+    if getattr(head, "bias", None) is not None:
+        head.bias = torch.nn.Parameter(head.bias.data[rows].clone())
+    say(f"vocabulary pruned to the tokens of {keep} characters: {before} -> {len(tokenizer)} (--keep-tokens all "
+        "keeps every token)")
+    return enc, tokenizer
+
+
 def _is_new(name: str) -> bool:
     """An encoder that :func:`zhie.encoders.load` builds at random (``tiny``, ``new:...``, a config file)."""
     return not Path(name).is_dir() and (name == "tiny" or name.startswith("new:") or name.endswith(".json"))
@@ -769,6 +798,8 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                    help="word boundaries for whole-word masking: rjieba, jieba or a zhie cws model directory")
     p.add_argument("--tokens", default=d.tokens, choices=["char", "subword"],
                    help="char: one token per character, as zhie's tasks read text; subword: the tokenizer's tokens")
+    p.add_argument("--keep-tokens", default=d.keep_tokens, choices=["auto", "all", "cjk", "data"],
+                   help="char mode: prune the vocabulary (auto = cjk for vocabularies over 50k, as zhie train)")
     p.add_argument("--heldout", type=int, default=d.heldout, help="first N lines kept out for evaluation")
     p.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="sequences in the shuffle buffer")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
@@ -790,7 +821,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     config = PretrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
                             max_length=args.max_length, lr=args.lr, weight_decay=args.weight_decay,
                             warmup=args.warmup, optimizer=args.optimizer, mask=args.mask, mask_rate=args.mask_rate,
-                            segmenter=args.segmenter, tokens=args.tokens, heldout=args.heldout,
+                            segmenter=args.segmenter, tokens=args.tokens, keep_tokens=args.keep_tokens,
+                            heldout=args.heldout,
                             shuffle_buffer=args.shuffle_buffer, eval_every=args.eval_every,
                             save_every=args.save_every, seed=args.seed, precision=args.precision)
     result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=args.resume,
