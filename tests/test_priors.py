@@ -12,12 +12,14 @@ import torch
 from zhie import encoders
 from zhie.data import read_ner
 from zhie.data.cws import read_segmented
+from zhie.data.spo import read_spo
 from zhie.data.sts import read_pairs
-from zhie.heads import CrfTagger, EfficientGlobalPointer, SoftmaxTagger
+from zhie.heads import CrfTagger, EfficientGlobalPointer, GPLinkerHead, RelationLogits, SoftmaxTagger
 from zhie.losses import cosent_loss, global_pointer_loss
 from zhie.multitask.priors import cosent_prior, crf_prior, multilabel_prior, softmax_tagging_prior
 from zhie.tasks.cws import CwsTask
 from zhie.tasks.ner import NerConfig, NerTask
+from zhie.tasks.relation import RelationTask
 
 from .conftest import DATA
 
@@ -106,3 +108,30 @@ def test_cosent_prior_is_the_loss_of_a_constant_cosine():
     batches = [labels[i:i + 32] for i in range(0, len(labels), 32)]
     measured = sum(cosent_loss(torch.full((len(b),), 0.3), torch.tensor(b)).item() for b in batches) / len(batches)
     assert measured == pytest.approx(cosent_prior(batches), rel=1e-6)
+
+
+@needs_data
+def test_gplinker_prior_is_the_loss_of_one_logit_per_head_in_each_module():
+    """The three modules' valid cells: n(n+1)/2 for ``entity`` (triangle), n² for the linking modules."""
+    examples = read_spo(DATA / "re/cmeie/train.jsonl")[:32]
+    _, tokenizer = encoders.tiny([ex.text for ex in examples])
+    task = RelationTask(RelationTask.configure(examples, encoder="tiny", max_length=128), tokenizer)
+    items = task.encode(examples)
+    batch = task.collate(items)
+    head = GPLinkerHead(8, len(task.config.predicates), 8, efficient=True)
+    for p in head.parameters():
+        torch.nn.init.zeros_(p)
+    logits = head(torch.randn(*batch["input_ids"].shape, 8), batch["attention_mask"])  # valid cells 0, others masked
+    shifted = {}
+    for name, triangle in (("entity", True), ("head_head", False), ("tail_tail", False)):
+        heads = getattr(logits, name).shape[1]
+        instances = []
+        for it in items:
+            n, positives = len(it.ids), Counter(k for k, _, _ in set(getattr(it, name)))
+            cells = n * (n + 1) // 2 if triangle else n * n
+            instances.append([(cells - positives[a], positives[a]) for a in range(heads)])
+        _, prior_logits = multilabel_prior(instances, reduction="sum_heads_mean_batch")
+        out = getattr(logits, name)
+        shifted[name] = torch.where(out > -1e4, out + torch.tensor(prior_logits)[None, :, None, None], out)
+    measured = task.head_loss(head, RelationLogits(**shifted), batch).item()
+    assert measured == pytest.approx(task.prior_loss(items, 8), rel=1e-4)

@@ -16,7 +16,7 @@ def load(path, device=None):
     return _load(path, device)
 
 
-def fit(task, train_path, dev_path, **kwargs):
+def fit(task, train_path=None, dev_path=None, **kwargs):
     """Train a model of a registered task (see :func:`zhie.training.fit.fit`)."""
     from zhie.training.fit import fit as _fit
 

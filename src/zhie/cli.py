@@ -18,10 +18,11 @@ from zhie.data.base import read_texts
 from zhie.files import atomic_write_text
 
 
-def _train_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--train", required=True, help="training file")
-    p.add_argument("--dev", required=True, help="development file, evaluated after each epoch")
-    p.add_argument("--format", default="auto", choices=["auto", *FORMATS], help="NER file format")
+def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
+    if data:  # a task whose own options name its data (multitask's --config) has none of these
+        p.add_argument("--train", required=True, help="training file")
+        p.add_argument("--dev", required=True, help="development file, evaluated after each epoch")
+        p.add_argument("--format", default="auto", choices=["auto", *FORMATS], help="NER file format")
     p.add_argument("--encoder", default="e5-small",
                    help="a local HF model directory, e5-small (offline default), tiny, or a hub name")
     p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
     for cls in tasks.all_tasks():
         p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
-        _train_flags(p)
+        _train_flags(p, cls.data_flags)
         group = p.add_argument_group(f"{cls.name} options")
         cls.add_arguments(group)
         p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
     ev.add_argument("--data", required=True)
+    ev.add_argument("--task", default=None, help="a multi-task model: the member to score (its name)")
     ev.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     ev.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     ev.add_argument("--batch-size", type=int, default=32)
@@ -97,9 +99,9 @@ def cmd_train(args) -> None:
     import zhie
     from zhie.training import is_main_process
 
-    result = zhie.fit(args.task_class, args.train, args.dev, out=args.out, encoder=args.encoder,
-                      keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
-                      unshare_layers=args.unshare_layers, format=args.format,
+    result = zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
+                      encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
+                      unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
                       config=_train_config(args), resume=not args.no_resume, progress=not args.quiet,
                       **{dest: getattr(args, dest) for dest in args.task_options})
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
@@ -111,6 +113,8 @@ def cmd_eval(args) -> None:
     import zhie
 
     pipe = zhie.load(args.model)
+    if args.task is not None:
+        pipe = pipe.member(args.task)
     metrics = pipe.evaluate(pipe.task.read(args.data, args.format), batch_size=args.batch_size)
     print(pipe.task.report(metrics))
     if args.json:

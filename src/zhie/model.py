@@ -7,7 +7,7 @@ head documents its output type (:mod:`zhie.heads`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
@@ -19,7 +19,8 @@ class Model(nn.Module):
 
     A head reads the encoder's last hidden states, or, if it has a ``layers`` attribute (indices into the
     encoder's ``hidden_states``, 0 = embeddings), the average of those layers (e.g. ``(1, -1)`` for
-    first-last-avg pooling); the encoder is asked for all its layers only when a head needs them.
+    first-last-avg pooling); the encoder is asked for all its layers only when a head needs them. ``heads`` (names)
+    runs only those heads (a multi-task model scoring one task's batch); the result is the same dict, with those keys.
     """
 
     def __init__(self, encoder: nn.Module, heads: Mapping[str, nn.Module]) -> None:
@@ -29,12 +30,14 @@ class Model(nn.Module):
         self.encoder = encoder
         self.heads = nn.ModuleDict(heads)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, object]:
-        layers = {name: tuple(getattr(head, "layers", (-1,))) for name, head in self.heads.items()}
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, heads: Sequence[str] | None = None
+                ) -> dict[str, object]:
+        chosen = {name: self.heads[name] for name in heads} if heads is not None else dict(self.heads.items())
+        layers = {name: tuple(getattr(head, "layers", (-1,))) for name, head in chosen.items()}
         all_layers = any(ids != (-1,) for ids in layers.values())
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_layers)
         outputs = {}
-        for name, head in self.heads.items():
+        for name, head in chosen.items():
             if layers[name] == (-1,):
                 hidden = out.last_hidden_state
             else:

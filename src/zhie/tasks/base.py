@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -32,12 +32,13 @@ MODEL_FORMAT = 2  # 1: zhie 0.1.0 before the task protocol (one model class per 
 
 
 # ------------------------------------------------------------------------------------------------- model directories
-def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict) -> Path:
+def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
+                   files: Callable[[Path], None] | None = None) -> Path:
     """Write ``model`` as an HF-style directory, atomically.
 
     The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also a plain
-    fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``), and
-    ``zhie.json`` (task, its configuration, model format, zhie version).
+    fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``),
+    ``zhie.json`` (task, its configuration, model format, zhie version), and what ``files(directory)`` writes.
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +53,8 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict) 
         meta_text = json.dumps({**meta, "format": MODEL_FORMAT, "zhie_version": __version__}, ensure_ascii=False,
                                indent=2)
         (tmp / META_FILE).write_text(meta_text, encoding="utf-8")
+        if files is not None:
+            files(tmp)
         tmp.chmod(0o755)
 
     replace_dir(out, write)
@@ -173,17 +176,15 @@ class Task:
     output_key: ClassVar[str]              # the key of a prediction in `zhie predict`'s JSON lines
     metric: ClassVar[str] = "f1"           # what the best model maximises
     group_by_length: ClassVar[bool] = True  # training batches of similar lengths (items have ``ids``)
+    data_flags: ClassVar[bool] = True      # False: the task's own options name its data (multitask's --config), and
+                                           # `zhie train NAME` has no --train/--dev/--format
     pipeline_class: ClassVar[type]         # what zhie.load returns (set below for the base)
 
     def __init__(self, config, tokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.stats: dict[str, Any] = {}
-
-    @property
-    def head_name(self) -> str:
-        """The name of this task's head in the :class:`zhie.model.Model`."""
-        return self.name
+        self.head_name: str = self.name  # its head in the :class:`zhie.model.Model` (a multi-task member's: its name)
 
     # ---------------------------------------------------------------------------------------- data and config
     @classmethod
@@ -193,6 +194,12 @@ class Task:
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list:
         raise NotImplementedError
+
+    @classmethod
+    def read_splits(cls, train_path, dev_path, format: str = "auto", **options) -> tuple[list, list]:
+        """The training and development examples of :func:`zhie.fit`: ``read`` of each file (``options`` are those
+        of ``configure``; a task with ``data_flags = False`` finds its data there)."""
+        return cls.read(train_path, format), cls.read(dev_path, format)
 
     @staticmethod
     def texts(examples: list) -> list[str]:
@@ -208,6 +215,11 @@ class Task:
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         raise NotImplementedError
 
+    def loop_config(self, config):
+        """The :class:`~zhie.training.TrainConfig` the loop runs with, given the user's (called before ``encode``); a
+        task whose training items are not examples changes it (multitask: one item per step, ``batch_size`` 1)."""
+        return config
+
     def encode(self, examples: list) -> list:
         """Training items (each with ``ids`` when ``group_by_length``); counts what was dropped in ``stats``."""
         raise NotImplementedError
@@ -216,9 +228,9 @@ class Task:
         raise NotImplementedError
 
     def loss(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        """Run the model on ``batch`` and score this task's head (a multi-task model runs the encoder once and calls
-        ``head_loss`` of each task)."""
-        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        """Run the encoder and this task's head only on ``batch`` and score the head (a multi-task loss calls this
+        once per member batch)."""
+        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[self.head_name])
         return self.head_loss(model.heads[self.head_name], outputs[self.head_name], batch)
 
     def head_loss(self, head: nn.Module, output: Any, batch: dict[str, Tensor]) -> Tensor:
@@ -256,9 +268,21 @@ class Task:
     def add_commands(cls, commands: argparse._SubParsersAction) -> None:
         """Commands of the task's own (``zhie segment``, ``zhie embed``); each sets ``handler=function(args)``."""
 
+    def prior_loss(self, items: list, batch_size: int) -> float:
+        """The loss of a model that knows only the labels' statistics, on the training ``items`` in batches of
+        ``batch_size`` (prior-loss normalisation, spec §5.1.3; :mod:`zhie.multitask.priors`)."""
+        raise ValueError(f"no prior loss is derived for the {self.name} task; use another weighting scheme")
+
     # ---------------------------------------------------------------------------------------- saving, loading
     def save(self, model: Model, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **asdict(self.config)})
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **asdict(self.config)}, self.save_files)
+
+    def save_files(self, directory: Path, prefix: str = "") -> None:
+        """Files of the task's own in a model directory, their names starting with ``prefix`` (a multi-task member's:
+        ``NAME.``); read back by ``load_files``."""
+
+    def load_files(self, directory: Path, prefix: str = "") -> None:
+        """Inverse of ``save_files``."""
 
     @classmethod
     def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
@@ -287,6 +311,7 @@ class Task:
             raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
         model.load_state_dict(weights, strict=False)
         model.eval()
+        task.load_files(path)
         return task, model
 
 
@@ -305,6 +330,11 @@ class TaskLoss(nn.Module):
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
         return self.task.loss(model, batch)
+
+    def log(self) -> dict:
+        """What the loss recorded since the last call, for the evaluation's record in ``metrics.jsonl`` (a multi-task
+        loss: each step's per-task losses and weights); called at each evaluation."""
+        return {}
 
 
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
@@ -363,6 +393,13 @@ class Pipeline:
     def evaluate(self, examples: list, batch_size: int = 32) -> dict:
         return self.task.evaluate(self.model, examples, batch_size)
 
+    def member(self, name: str) -> Pipeline:
+        """The pipeline of the member task ``name`` of a multi-task model (``zhie eval --task``); a single-task model
+        is its own only member, under its task's name."""
+        if name not in (self.task.name, *self.task.aliases):
+            raise ValueError(f"this is a single-task {self.task.name} model; it has no member task {name!r}")
+        return self
+
 
 Task.pipeline_class = Pipeline
 
@@ -394,6 +431,16 @@ class WindowedTask(Task):
         return model_inputs([tt.model_input(it.ids) for it in items], tt.pad_id)
 
     def decode(self, model: Model, outputs: dict, attention_mask: Tensor) -> list[list]:
+        raise NotImplementedError
+
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list:
+        """One prediction per text, in input order (long texts through overlapping windows); ``timings`` as in
+        :meth:`window_hits`."""
+        return self.from_hits(texts, self.reported_hits(model, texts, batch_size, timings))
+
+    def from_hits(self, texts: list[str], hits: Iterable[tuple[int, Encoding, int, Any]]) -> list:
+        """The predictions of ``texts`` from their reported hits (:meth:`reported_hits`); ``predict`` is
+        ``from_hits(texts, reported_hits(...))``, and a multi-task model decodes every member from one pass."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -431,7 +478,12 @@ class WindowedTask(Task):
     def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
                       ) -> Iterator[tuple[int, Encoding, int, Any]]:
         """``(text index, encoding, window start, hit)`` for each hit that its window reports (so each once)."""
-        for i, encoding, cuts, w, row in self.window_hits(model, texts, batch_size, timings):
+        return self.reported(self.window_hits(model, texts, batch_size, timings))
+
+    def reported(self, window_hits: Iterable[tuple[int, Encoding, list[tuple[int, int]], int, list]]
+                 ) -> Iterator[tuple[int, Encoding, int, Any]]:
+        """The hits of ``window_hits`` (as :meth:`window_hits` yields them) that their window reports."""
+        for i, encoding, cuts, w, row in window_hits:
             a = cuts[w][0]
             for hit in row:
                 start, end = hit.extent

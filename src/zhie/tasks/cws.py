@@ -17,7 +17,7 @@ from zhie.data.cws import read_segmented
 from zhie.metrics import segmentation_prf
 from zhie.spans import Span
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, add_text_command, only_auto_format, resolve_model_dir
+from zhie.tasks.base import Pipeline, Task, add_text_command, only_auto_format
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 
 VOCAB_FILE = "train_words.txt"
@@ -108,9 +108,8 @@ class CwsTask(NerTask):
         self.train_vocab |= {s.text for ex in examples for s in ex.spans}
         return super().encode(self.split_long(examples))
 
-    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list[list[Span]]:
-        spans = super().predict(model, texts, batch_size, timings)
-        return [partition(text, words) for text, words in zip(texts, spans)]
+    def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
+        return [partition(text, words) for text, words in zip(texts, super().from_hits(texts, hits))]
 
     def to_json(self, prediction: list[Span]) -> list[dict]:
         return [{"start": s.start, "end": s.end, "text": s.text} for s in prediction]
@@ -130,17 +129,13 @@ class CwsTask(NerTask):
         p = add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", segment)
         p.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
 
-    def save(self, model, out: Path) -> Path:
-        path = super().save(model, out)
-        (path / VOCAB_FILE).write_text("\n".join(sorted(self.train_vocab)), encoding="utf-8")
-        return path
+    def save_files(self, directory: Path, prefix: str = "") -> None:
+        """The training vocabulary (for OOV recall), one word a line."""
+        (directory / f"{prefix}{VOCAB_FILE}").write_text("\n".join(sorted(self.train_vocab)), encoding="utf-8")
 
-    @classmethod
-    def load(cls, path: str | Path):
-        task, model = super().load(path)
-        vocab_file = resolve_model_dir(path) / VOCAB_FILE
-        task.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
-        return task, model
+    def load_files(self, directory: Path, prefix: str = "") -> None:
+        vocab_file = directory / f"{prefix}{VOCAB_FILE}"
+        self.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
 
 
 def segment(pipe: SegmenterPipeline, texts: list[str], args) -> None:

@@ -22,6 +22,7 @@ emission scores).
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,7 @@ from zhie.heads import CrfTagger, EfficientGlobalPointer, GlobalPointer, Softmax
 from zhie.heads.tagger import IGNORE
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
+from zhie.multitask.priors import crf_prior, multilabel_prior, softmax_tagging_prior
 from zhie.spans import Span, spans_to_tags, tags_to_spans
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
@@ -118,6 +120,14 @@ class SpanLabels:
     def loss(self, head: nn.Module, logits: Tensor, labels: Tensor) -> Tensor:
         return global_pointer_loss(logits, labels, mask_zero=True, reduction="mean")
 
+    def prior(self, items: list[NerWindow]) -> float:
+        """One logit per type; a window of n tokens has n(n+1)/2 valid cells (upper triangle)."""
+        instances = []
+        for it in items:
+            n, positives = len(it.ids), Counter(k for _, _, k in set(it.spans))
+            instances.append([(n * (n + 1) // 2 - positives[a], positives[a]) for a in range(len(self.config.labels))])
+        return multilabel_prior(instances)[0]
+
     def decode(self, head: nn.Module, logits: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
         rows: list[list[TokenSpan]] = [[] for _ in range(logits.shape[0])]
         hits = (logits > 0).nonzero().tolist()
@@ -166,6 +176,11 @@ class TagLabels:
 
     def loss(self, head: nn.Module, emissions: Tensor, labels: Tensor) -> Tensor:
         return head.loss(emissions[:, 1:], labels[:, 1:])  # content tokens start at position 1
+
+    def prior(self, items: list[NerWindow]) -> float:
+        """The tags' Markov chain (CRF) or their entropy (softmax)."""
+        tags = [it.tags for it in items]
+        return crf_prior(tags) if self.config.head == "crf" else softmax_tagging_prior(tags)
 
     def decode(self, head: nn.Module, emissions: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
         lengths = (attention_mask.sum(1) - 2).tolist()
@@ -287,15 +302,18 @@ class NerTask(WindowedTask):
     def head_loss(self, head: nn.Module, output: Tensor, batch: dict[str, Tensor]) -> Tensor:
         return self.labeling.loss(head, output, batch["labels"])
 
+    def prior_loss(self, items: list[NerWindow], batch_size: int) -> float:
+        return self.labeling.prior(items)
+
     @torch.no_grad()
     def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenSpan]]:
         """Head output -> per row the entities over the window's content token positions."""
         return self.labeling.decode(model.heads[self.head_name], outputs[self.head_name], attention_mask)
 
-    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list[list[Span]]:
+    def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
         """Entities of each text, in input order (long texts through overlapping windows)."""
         found: list[dict[tuple[int, int, str], float]] = [{} for _ in texts]
-        for i, enc, a, hit in self.reported_hits(model, texts, batch_size, timings):
+        for i, enc, a, hit in hits:
             start, end = enc.token_span_to_chars(a + hit.start, a + hit.end)
             key = (start, end, self.config.labels[hit.label])
             found[i][key] = max(hit.score, found[i].get(key, 0.0))

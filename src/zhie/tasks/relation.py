@@ -19,6 +19,7 @@ first to the last token of its two mentions) whole and most centrally (:func:`zh
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.heads import GPLinkerHead, RelationLogits
 from zhie.losses import global_pointer_loss
 from zhie.metrics import prf, span_prf
+from zhie.multitask.priors import multilabel_prior
 from zhie.spans import Span
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, only_auto_format, rename_weights, sparse_cells
@@ -169,6 +171,20 @@ class RelationTask(WindowedTask):
                                        reduction="sum_heads_mean_batch")
                    for name in ("entity", "head_head", "tail_tail"))
 
+    def prior_loss(self, items: list[RelationWindow], batch_size: int) -> float:
+        """The sum of the three modules' priors (one logit per head): ``entity`` has n(n+1)/2 valid cells in a window
+        of n tokens, ``head_head`` and ``tail_tail`` n² (no triangle mask)."""
+        total = 0.0
+        for name, heads, triangle in (("entity", 2, True), ("head_head", len(self.config.predicates), False),
+                                      ("tail_tail", len(self.config.predicates), False)):
+            instances = []
+            for it in items:
+                n, positives = len(it.ids), Counter(k for k, _, _ in set(getattr(it, name)))
+                cells = n * (n + 1) // 2 if triangle else n * n
+                instances.append([(cells - positives[a], positives[a]) for a in range(heads)])
+            total += multilabel_prior(instances, reduction="sum_heads_mean_batch")[0]
+        return total
+
     # --------------------------------------------------------------------------------------- decoding
     @torch.no_grad()
     def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenTriple]]:
@@ -204,11 +220,10 @@ class RelationTask(WindowedTask):
                 objects[oi, 1].tolist(), score.tolist())])
         return rows
 
-    def predict(self, model, texts: list[str], batch_size: int = 32, timings: dict | None = None
-                ) -> list[list[Triple]]:
+    def from_hits(self, texts: list[str], hits) -> list[list[Triple]]:
         """Triples of each text, in input order (long texts through overlapping windows)."""
         found: list[dict] = [{} for _ in texts]
-        for i, enc, a, hit in self.reported_hits(model, texts, batch_size, timings):
+        for i, enc, a, hit in hits:
             (s0, s1), (o0, o1) = hit.subject, hit.object
             key = (*enc.token_span_to_chars(a + s0, a + s1), hit.predicate, *enc.token_span_to_chars(a + o0, a + o1))
             found[i][key] = max(hit.score, found[i].get(key, 0.0))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from zhie.files import atomic_write
 from zhie.heads import POOLINGS, Pooling
 from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
 from zhie.metrics import spearman
+from zhie.multitask.priors import cosent_prior
 from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,
@@ -163,7 +165,8 @@ class SimilarityTask(Task):
         return batch
 
     def pair_vectors(self, model, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])[self.head_name]
+        vectors = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        heads=[self.head_name])[self.head_name]
         return vectors[0::2], vectors[1::2]  # the pairs were interleaved by collate
 
     def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
@@ -172,6 +175,14 @@ class SimilarityTask(Task):
         if c.loss == "cosent":  # over the pairs of every process: the loss does not change with their number
             return cosent_loss(all_gather_with_grad(cos), all_gather_with_grad(batch["labels"]), c.scale)
         return cosine_mse_loss(cos, (batch["labels"] - c.label_min) / (c.label_max - c.label_min))
+
+    def prior_loss(self, items: list[EncodedPair], batch_size: int) -> float:
+        """CoSENT: ``log(1 + M)`` per batch (:func:`zhie.multitask.priors.cosent_prior`), over the items in a fixed
+        random order cut into batches of ``batch_size``."""
+        if self.config.loss != "cosent":
+            raise ValueError(f"no prior loss is derived for the {self.config.loss} loss; use another weighting scheme")
+        labels = [items[i].label for i in random.Random(0).sample(range(len(items)), len(items))]
+        return cosent_prior([labels[i:i + batch_size] for i in range(0, len(labels), batch_size)])
 
     def objective(self, hidden_size: int) -> nn.Module:
         return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else TaskLoss(self)
@@ -185,8 +196,8 @@ class SimilarityTask(Task):
         out = np.zeros((len(texts), model.encoder.config.hidden_size), dtype=np.float32)
         for batch_idx in sorted_batches([len(r) for r in ids], batch_size):
             batch = model_inputs([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
-            vectors = model(input_ids=batch["input_ids"].to(device),
-                            attention_mask=batch["attention_mask"].to(device))[self.head_name]
+            vectors = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                            heads=[self.head_name])[self.head_name]
             if normalize:
                 vectors = F.normalize(vectors, dim=-1)
             out[batch_idx] = vectors.cpu().numpy()

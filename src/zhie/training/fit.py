@@ -15,7 +15,7 @@ from pathlib import Path
 from zhie import tasks
 from zhie.files import atomic_write_text
 from zhie.model import Model
-from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
+from zhie.tasks.base import Evaluator, Task, TaskLoss, prepare_encoder, seeded
 
 from .config import TrainConfig
 from .dist import is_main_process
@@ -24,31 +24,35 @@ from .loop import train
 __all__ = ["fit"]
 
 
-def fit(task: str | type[Task], train_path: str | os.PathLike, dev_path: str | os.PathLike, *,
-        out: str | os.PathLike, encoder: str = "e5-small", keep_tokens: str = "auto", encoder_layers: int | None = None,
-        unshare_layers: bool = False, format: str = "auto", config: TrainConfig | None = None, resume: bool = True,
-        progress: bool = True, **options) -> dict:
+def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
+        dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = "e5-small",
+        keep_tokens: str = "auto", encoder_layers: int | None = None, unshare_layers: bool = False,
+        format: str = "auto", config: TrainConfig | None = None, resume: bool = True, progress: bool = True,
+        **options) -> dict:
     """Train ``task`` (a registered name or class) on ``train_path``, keep the best model on ``dev_path`` in
     ``out/best``; returns the loop's summary (``best``, ``best_step``, ``steps``, ``history``).
 
-    ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …);
+    ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …; a task whose
+    options name its data, ``multitask``'s ``config_file``, needs no ``train_path`` and ``dev_path``);
     ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
     (:func:`~zhie.tasks.base.prepare_encoder`).
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     config = config or TrainConfig()
     out = Path(out)
-    train_examples, dev_examples = cls.read(train_path, format), cls.read(dev_path, format)
+    train_examples, dev_examples = cls.read_splits(train_path, dev_path, format, **options)
     task_config = cls.configure(train_examples, encoder=str(encoder), **options)
     enc, tokenizer = prepare_encoder(str(encoder), texts=cls.texts(train_examples + dev_examples),
                                      mode=task_config.mode, keep_tokens=keep_tokens, layers=encoder_layers,
                                      seed=config.seed, unshare=unshare_layers)
     t = cls(task_config, tokenizer)
+    loop_config = t.loop_config(config)
     items = t.encode(train_examples)
     with seeded(config.seed):  # the same heads (and loss weights) in every run with this seed
         model = Model(enc, t.build_heads(enc.config.hidden_size))
         objective = t.objective(enc.config.hidden_size)
-    summary = {"task": cls.name, "train": str(train_path), "dev": str(dev_path), "examples": len(train_examples),
+    data = {"train": str(train_path), "dev": str(dev_path)} if train_path is not None else {}
+    summary = {"task": cls.name, **data, "examples": len(train_examples),
                **t.stats, "encoder": str(encoder), "vocab": len(tokenizer),
                "encoder_layers": enc.config.num_hidden_layers, **vars(task_config)}
     if is_main_process():
@@ -57,7 +61,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike, dev_path: str | o
         if progress:
             print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
                              ensure_ascii=False))
-    return train(model, items, collate=t.collate, loss_fn=objective, config=config, out_dir=out,
+    return train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
                  evaluate=Evaluator(t, dev_examples), metric=t.metric, save_best=t.save,
                  lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
-                 progress=progress)
+                 progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None)

@@ -130,6 +130,7 @@ def train(
     param_groups: list[dict] | None = None,
     resume: bool = True,
     progress: bool = True,
+    train_log: Callable[[], dict] | None = None,
 ) -> dict:
     """Train ``model`` on ``train_items``; returns ``{"best", "best_step", "steps", "history"}``.
 
@@ -155,6 +156,8 @@ def train(
             with a learning-rate multiplier (the CRF transitions) are moved to groups of their own either way.
         resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
         progress: show a tqdm bar (main process only).
+        train_log: called at each evaluation, on every process: what the loss recorded since the last one (a
+            multi-task loss's per-step losses and weights), added to the evaluation's record (the main process's).
     """
     out_dir = Path(out_dir)
     n_items = len(train_items)
@@ -248,6 +251,8 @@ def train(
             "elapsed_s": round(elapsed(), 3),
             "dev": {},
         }
+        if train_log is not None:
+            record.update(jsonable(train_log()))
         if evaluate is not None:
             metrics = None
             if is_main:  # once, on the main process; the others wait for its result

@@ -36,7 +36,9 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def plot_history(history: list[dict], path: Path, metric: str) -> None:
-    """Training loss and dev ``metric`` per evaluation against the optimizer step, written atomically as PNG.
+    """Training loss and dev ``metric`` per evaluation against the optimizer step, written atomically as PNG. Records
+    with ``per_batch`` (a multi-task loss's rows ``{"batch", "losses", "weights"}``) add each task's loss and weight per
+    batch.
 
     Uses :class:`matplotlib.figure.Figure` directly (Agg canvas, no pyplot, no global backend switch).
     """
@@ -45,15 +47,26 @@ def plot_history(history: list[dict], path: Path, metric: str) -> None:
 
     steps = [h["step"] for h in history]
     dev = [(h["step"], h["dev"][metric]) for h in history if isinstance(h.get("dev", {}).get(metric), float)]
-    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    rows = [row for h in history for row in h.get("per_batch", [])]
+    fig = Figure(figsize=(13.5 if rows else 9, 3.5), layout="constrained")
     FigureCanvasAgg(fig)
-    loss_ax, dev_ax = fig.subplots(1, 2)
-    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o")
+    axes = fig.subplots(1, 3 if rows else 2)
+    loss_ax, dev_ax = axes[0], axes[1]
+    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="objective")
     loss_ax.set(title="training loss", xlabel="step", ylabel="loss")
+    if rows:
+        batches = [row["batch"] for row in rows]
+        for name in rows[0]["losses"]:
+            loss_ax.plot(batches, [row["losses"][name] for row in rows], lw=0.8, label=name)
+            axes[2].plot(batches, [row["weights"][name] for row in rows], lw=0.8, label=name)
+        loss_ax.set(yscale="log")
+        loss_ax.legend(fontsize="small")
+        axes[2].set(title="task weights", xlabel="batch", ylabel="weight")
+        axes[2].legend(fontsize="small")
     if dev:
         dev_ax.plot(*zip(*dev), marker="o", color="tab:green")
     dev_ax.set(title=f"dev {metric}", xlabel="step", ylabel=metric)
-    for ax in (loss_ax, dev_ax):
+    for ax in axes:
         ax.grid(alpha=0.3)
 
     atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=100))

@@ -1,0 +1,515 @@
+"""Several tasks on one shared encoder: ``zhie train multitask --config FILE [--weighting SCHEME]`` (spec §5).
+
+The config (TOML; YAML too when PyYAML is installed) lists the member tasks and the weighting scheme::
+
+    [weighting]
+    scheme = "real-time"        # `--weighting` overrides it
+    main = "ner"                # main-auxiliary: the main task
+    gamma = 0.5                 # generalised-mean: the exponent γ
+
+    [[tasks]]
+    name = "ner"                # unique: the head's name, the key of its predictions, `zhie eval --task NAME`
+    task = "ner"                # any registered task: ner, cws, re, similarity
+    train = "cluener/train.json"   # relative to the config file
+    dev = "cluener/dev.json"
+    batch_size = 16             # optional; default --batch-size
+    options = {head = "egp", max_length = 128}   # the task's own `zhie train TASK` flags
+
+Training: every step sees every task. The loop's items are steps (``batch_size`` 1 for the loop); each step draws one
+batch from every member at random (``batch_size`` items without replacement inside the batch, from torch's generator,
+whose state the checkpoint keeps: a resumed run draws the same batches, and each process draws its own). An epoch is
+``S = max_i ⌈n_i / b_i⌉`` steps (one pass over the largest member in expectation). The objective runs the shared
+encoder once per member batch with only that member's head, takes each member's own loss ``L_i`` and forms
+``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that need the tasks'
+gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task. Backward
+passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one for the
+combined loss), 1 for the others. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
+``losses`` and the ``weights`` applied, by member), ``task_losses`` and ``task_weights`` (their means).
+
+Evaluation after each epoch scores every member on its dev set (keys ``NAME/metric``); the best model maximises
+``score``: the mean of the members' main metrics (NER/CWS/RE ``f1``, similarity ``spearman``), or, with
+``main-auxiliary``, the main task's metric.
+
+The saved model is one directory: the encoder once, every head (``heads.NAME.…``), and ``zhie.json`` with each
+member's task and configuration. ``zhie.load(DIR).predict(texts)`` runs the encoder once per batch of windows for every
+span member (ner, cws, re: they share the windows, of the smallest member ``max_length`` and the largest overlap) and
+returns per text ``{member name: its prediction}``; sentence-embedding members give vectors through
+``pipeline.encode(texts, member=NAME)``; ``pipeline.member(NAME)`` is one member's own pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import tomllib
+import torch
+from torch import Tensor, nn
+
+from zhie import tasks
+from zhie.model import Model
+from zhie.multitask.weighting import (
+    MGDA,
+    Equal,
+    GeneralisedMean,
+    GradNormalise,
+    InitialLoss,
+    MainAuxiliary,
+    PriorLoss,
+    RealTime,
+    UncertaintyWeighting,
+    combine,
+)
+from zhie.tasks import register
+from zhie.tasks.base import Pipeline, TaskLoss, WindowedTask, device_of
+from zhie.text import TextTokenizer
+
+SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
+           "uncertainty")
+MEMBER_KEYS = ("name", "task", "train", "dev", "format", "batch_size", "options")
+WEIGHTING_KEYS = ("scheme", "main", "gamma", "initial_batches")
+NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class ConfigError(ValueError):
+    """A bad multi-task config: the message names the file, the member and the key."""
+
+
+@dataclass
+class MemberSpec:
+    """One ``[[tasks]]`` entry of the config, checked."""
+
+    name: str
+    task: str
+    train: str
+    dev: str
+    format: str = "auto"
+    batch_size: int | None = None
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class MemberExamples:
+    """A member's examples (the multi-task task's "examples" are one of these per member)."""
+
+    name: str
+    task: str
+    examples: list
+
+
+def _load_file(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"{path}: YAML configs need PyYAML, which is not installed; write the config in TOML "
+                              "(a .toml file), or pip install pyyaml") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    elif path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    else:
+        raise ConfigError(f"{path}: a multi-task config is a .toml file (or .yaml with PyYAML installed)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table with [[tasks]] entries, got {type(data).__name__}")
+    return data
+
+
+def _check_options(where: str, cls: type, options: object) -> dict:
+    """``options`` against the task's own ``zhie train TASK`` flags (their names with ``_`` or ``-``, their types
+    and choices); returns them as ``configure`` keywords."""
+    if not isinstance(options, dict):
+        raise ConfigError(f"{where}: options: expected a table of the {cls.name} task's options")
+    parser = argparse.ArgumentParser(add_help=False)
+    cls.add_arguments(parser)
+    actions = {a.dest: a for a in parser._actions}
+    out = {}
+    for key, value in options.items():
+        dest = str(key).replace("-", "_")
+        action = actions.get(dest)
+        if action is None:
+            raise ConfigError(f"{where}: options.{key}: not an option of the {cls.name} task; it has "
+                              f"{', '.join(sorted(actions)) or 'none'}")
+        if isinstance(action, argparse._StoreTrueAction):
+            ok, expected = isinstance(value, bool), "true or false"
+        elif action.choices is not None:
+            ok, expected = value in action.choices, f"one of {', '.join(map(str, action.choices))}"
+        elif action.type in (int, float):
+            ok = isinstance(value, (int, float) if action.type is float else int) and not isinstance(value, bool)
+            expected = "an integer" if action.type is int else "a number"
+        else:
+            ok, expected = isinstance(value, str), "a string"
+        if not ok:
+            raise ConfigError(f"{where}: options.{key}: expected {expected}, got {value!r}")
+        out[dest] = value
+    return out
+
+
+def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
+    """The members and the ``[weighting]`` table of a multi-task config file, checked; paths are made relative to
+    the current directory. Raises :class:`ConfigError` naming the file, the member and the key."""
+    path = Path(path)
+    data = _load_file(path)
+    for key in data:
+        if key not in ("tasks", "weighting"):
+            raise ConfigError(f"{path}: {key}: not a key of a multi-task config; it has [[tasks]] and [weighting]")
+    entries = data.get("tasks")
+    if not isinstance(entries, list) or len(entries) < 2:
+        raise ConfigError(f"{path}: tasks: a multi-task config needs at least two [[tasks]] entries "
+                          "(train a single task with `zhie train TASK`)")
+    specs: list[MemberSpec] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{path}: tasks[{i}]: expected a table, got {entry!r}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ConfigError(f"{path}: tasks[{i}]: name: expected a name of letters, digits, _ or -, got {name!r}")
+        where = f"{path}: task {name!r}"
+        if any(s.name == name for s in specs):
+            raise ConfigError(f"{where}: name: two tasks are named {name!r}; names must be unique")
+        for key in entry:
+            if key not in MEMBER_KEYS:
+                raise ConfigError(f"{where}: {key}: not a key of a task; use {', '.join(MEMBER_KEYS)}")
+        for key in ("task", "train", "dev"):
+            if not isinstance(entry.get(key), str):
+                raise ConfigError(f"{where}: {key}: missing (expected a string)")
+        try:
+            cls = tasks.get(entry["task"])
+        except ValueError as err:
+            raise ConfigError(f"{where}: task: {err}") from None
+        if not cls.data_flags:
+            raise ConfigError(f"{where}: task: a {cls.name} task cannot be a member")
+        files = {}
+        for key in ("train", "dev"):
+            file = path.parent / entry[key]
+            if not file.exists():
+                raise ConfigError(f"{where}: {key}: {file} does not exist")
+            files[key] = str(file)
+        batch_size = entry.get("batch_size")
+        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
+                                       or batch_size < 1):
+            raise ConfigError(f"{where}: batch_size: expected a positive integer, got {batch_size!r}")
+        fmt = entry.get("format", "auto")
+        if not isinstance(fmt, str):
+            raise ConfigError(f"{where}: format: expected a string, got {fmt!r}")
+        specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size,
+                                _check_options(where, cls, entry.get("options", {}))))
+    weighting = data.get("weighting", {})
+    if not isinstance(weighting, dict):
+        raise ConfigError(f"{path}: weighting: expected a table with {', '.join(WEIGHTING_KEYS)}")
+    for key, value in weighting.items():
+        if key not in WEIGHTING_KEYS:
+            raise ConfigError(f"{path}: weighting.{key}: not a key of [weighting]; use {', '.join(WEIGHTING_KEYS)}")
+        if key == "scheme" and value not in SCHEMES:
+            raise ConfigError(f"{path}: weighting.scheme: {value!r} is not one of {', '.join(SCHEMES)}")
+        if key == "main" and value not in [s.name for s in specs]:
+            raise ConfigError(f"{path}: weighting.main: {value!r} is not the name of a task")
+        if key == "gamma" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise ConfigError(f"{path}: weighting.gamma: expected a number, got {value!r}")
+        if key == "initial_batches" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {value!r}")
+    return specs, weighting
+
+
+@dataclass
+class MultitaskConfig:
+    members: list[dict]           # per member: name, task, config (the member task's), batch_size, train, dev
+    weighting: str = "real-time"
+    main: str | None = None       # main-auxiliary: the main task
+    gamma: float = 0.5            # generalised-mean
+    initial_batches: int = 1      # initial: batches whose mean loss is L_i^init
+    mode: str = "char"            # "char" when every member is (the encoder's vocabulary may then be pruned)
+    window_mode: str = "char"     # the span members' (ner, cws, re) common tokenisation
+    max_length: int = 256         # prediction windows of the span members: the smallest member max_length ...
+    overlap: int = 32             # ... and the largest overlap
+
+    def __post_init__(self):
+        if self.weighting not in SCHEMES:
+            raise ValueError(f"unknown weighting scheme {self.weighting!r}; use one of {', '.join(SCHEMES)}")
+        if self.weighting == "main-auxiliary" and self.main not in [m["name"] for m in self.members]:
+            raise ValueError(f"the main-auxiliary scheme needs `main = NAME` (one of the tasks) in [weighting], "
+                             f"got {self.main!r}")
+
+
+class MultiTaskPipeline(Pipeline):
+    """A multi-task model: ``predict(texts)`` gives per text ``{member: prediction}`` for the span members (one encoder
+    pass per batch), ``encode(texts, member)`` a sentence-embedding member's vectors, ``member(NAME)`` one member's
+    own pipeline (its ``predict``, ``evaluate``, ``segment``, …)."""
+
+    def member(self, name: str) -> Pipeline:
+        task = self.task.member(name)
+        return type(task).pipeline_class(task, self.task.view(self.model, [name]), str(device_of(self.model)))
+
+    def encode(self, texts: list[str] | str, member: str | None = None, batch_size: int = 64, normalize: bool = True):
+        """Sentence vectors of the sentence-embedding member ``member`` (default: the only one)."""
+        if member is None:
+            names = [m.head_name for m in self.task.members if hasattr(m.pipeline_class, "encode")]
+            if len(names) != 1:
+                raise ValueError(f"name the member to encode with (sentence-embedding members: {names or 'none'})")
+            member = names[0]
+        return self.member(member).encode(texts, batch_size=batch_size, normalize=normalize)
+
+
+@register
+class MultiTask(WindowedTask):
+    """Several tasks on one encoder (see the module's docstring): ``predict`` returns, per text, a dict from member name
+    to that member's prediction (span members only)."""
+
+    name = "multitask"
+    help = "several tasks on one shared encoder (--config FILE; the loss weighting schemes of spec 5)"
+    config_class = MultitaskConfig
+    output_key = "tasks"
+    metric = "score"
+    group_by_length = False
+    data_flags = False
+    pipeline_class = MultiTaskPipeline
+
+    def __init__(self, config: MultitaskConfig, tokenizer) -> None:
+        super().__init__(config, tokenizer)
+        self.text_tokenizer = TextTokenizer(tokenizer, config.window_mode)
+        self.members = []
+        for m in config.members:
+            cls = tasks.get(m["task"])
+            member = cls(cls.config_class(**m["config"]), tokenizer)
+            member.head_name = m["name"]
+            self.members.append(member)
+        self.batch_sizes = [m["batch_size"] for m in config.members]
+        self.member_items: list[list] = []
+
+    @property
+    def spans(self) -> list[WindowedTask]:
+        """The members decoded from the shared windows (ner, cws, re)."""
+        return [m for m in self.members if isinstance(m, WindowedTask)]
+
+    def member(self, name: str):
+        for m in self.members:
+            if m.head_name == name:
+                return m
+        raise ValueError(f"no member task {name!r}; this model has {', '.join(m.head_name for m in self.members)}")
+
+    @staticmethod
+    def view(model: Model, names: list[str]) -> Model:
+        """A :class:`Model` sharing ``model``'s encoder and the heads ``names`` (no copy)."""
+        return Model(model.encoder, {name: model.heads[name] for name in names})
+
+    # ---------------------------------------------------------------------------------------- data and config
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--config", dest="config_file", required=True,
+                            help="the members and the weighting scheme (TOML; YAML with PyYAML)")
+        parser.add_argument("--weighting", default=None, choices=SCHEMES,
+                            help="loss weighting scheme (default: the config's, else real-time)")
+
+    @classmethod
+    def read(cls, path, format: str = "auto") -> list:
+        raise ValueError("a multi-task model is scored one member at a time: zhie eval DIR --task NAME --data FILE")
+
+    @classmethod
+    def read_splits(cls, train_path, dev_path, format: str = "auto", *, config_file, **options):
+        if train_path is not None or dev_path is not None:
+            raise ValueError("a multi-task run reads its data from the files its --config names, not --train/--dev")
+        specs, _ = read_config(config_file)
+        splits = ([], [])
+        for s in specs:
+            member_cls = tasks.get(s.task)
+            for split, file in zip(splits, (s.train, s.dev)):
+                split.append(MemberExamples(s.name, s.task, member_cls.read(file, s.format)))
+        return splits
+
+    @staticmethod
+    def texts(examples: list[MemberExamples]) -> list[str]:
+        return [t for d in examples for t in tasks.get(d.task).texts(d.examples)]
+
+    @classmethod
+    def configure(cls, examples: list[MemberExamples], *, encoder: str, config_file,
+                  weighting: str | None = None) -> MultitaskConfig:
+        specs, table = read_config(config_file)
+        members, configs = [], []
+        for s, data in zip(specs, examples):
+            member_cls = tasks.get(s.task)
+            try:
+                c = member_cls.configure(data.examples, encoder=encoder, **s.options)
+            except ValueError as err:
+                raise ConfigError(f"{config_file}: task {s.name!r}: {err}") from None
+            configs.append((member_cls, c))
+            members.append({"name": s.name, "task": s.task, "config": asdict(c), "batch_size": s.batch_size,
+                            "train": s.train, "dev": s.dev})
+        spans = [c for member_cls, c in configs if issubclass(member_cls, WindowedTask)]
+        if len({c.mode for c in spans}) > 1:
+            raise ConfigError(f"{config_file}: the span tasks (ner, cws, re) share one encoder pass and must share "
+                              f"one mode; they have {', '.join(sorted({c.mode for c in spans}))}")
+        try:
+            return MultitaskConfig(
+                members, weighting=weighting or table.get("scheme", "real-time"), main=table.get("main"),
+                gamma=float(table.get("gamma", 0.5)), initial_batches=table.get("initial_batches", 1),
+                mode="char" if all(c.mode == "char" for _, c in configs) else "subword",
+                window_mode=spans[0].mode if spans else "char",
+                max_length=min((c.max_length for c in spans), default=256),
+                overlap=max((c.overlap for c in spans), default=32))
+        except ValueError as err:
+            raise ConfigError(f"{config_file}: weighting: {err}") from None
+
+    # ---------------------------------------------------------------------------------------- training
+    def loop_config(self, config):
+        """Members without a ``batch_size`` take ``config.batch_size``; the loop draws one step item at a time."""
+        self.batch_sizes = [b or config.batch_size for b in self.batch_sizes]
+        return replace(config, batch_size=1)
+
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        return {name: head for m in self.members for name, head in m.build_heads(hidden_size).items()}
+
+    def encode(self, examples: list[MemberExamples]) -> list[int]:
+        """Each member's training items (kept here); returns the epoch's steps ``0 .. S-1``."""
+        self.member_items = [m.encode(d.examples) for m, d in zip(self.members, examples)]
+        self.stats = {}
+        for m, items in zip(self.members, self.member_items):
+            if not items:
+                raise ValueError(f"task {m.head_name!r}: no training items")
+            self.stats[m.head_name] = {"items": len(items), **m.stats}
+        return list(range(max(math.ceil(len(items) / b) for items, b in zip(self.member_items, self.batch_sizes))))
+
+    def collate(self, steps: list[int]) -> dict[str, Tensor]:
+        """One random batch of every member, its keys prefixed ``NAME/``."""
+        batch = {}
+        for m, items, size in zip(self.members, self.member_items, self.batch_sizes):
+            chosen = torch.randperm(len(items))[:size].tolist()
+            batch.update({f"{m.head_name}/{k}": v for k, v in m.collate([items[j] for j in chosen]).items()})
+        return batch
+
+    def objective(self, hidden_size: int) -> nn.Module:
+        return MultiTaskLoss(self, hidden_size)
+
+    # ---------------------------------------------------------------------------------------- prediction, metrics
+    def decode(self, model: Model, outputs: dict, attention_mask: Tensor) -> list[dict[str, list]]:
+        decoded = {m.head_name: m.decode(model, outputs, attention_mask) for m in self.spans}
+        return [{name: rows[b] for name, rows in decoded.items()} for b in range(attention_mask.shape[0])]
+
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None
+                ) -> list[dict[str, list]]:
+        """Per text ``{member: prediction}`` of every span member, from one encoder pass per batch of windows."""
+        spans = self.spans
+        if not spans:
+            return [{} for _ in texts]
+        rows = list(self.window_hits(self.view(model, [m.head_name for m in spans]), texts, batch_size, timings))
+        found = {m.head_name: m.from_hits(texts, m.reported((i, enc, cuts, w, row[m.head_name])
+                                                            for i, enc, cuts, w, row in rows)) for m in spans}
+        return [{name: predictions[i] for name, predictions in found.items()} for i in range(len(texts))]
+
+    def to_json(self, prediction: dict) -> dict:
+        return {name: self.member(name).to_json(p) for name, p in prediction.items()}
+
+    def evaluate(self, model: Model, examples: list[MemberExamples], batch_size: int = 32) -> dict:
+        return {d.name: self.member(d.name).evaluate(self.view(model, [d.name]), d.examples, batch_size)
+                for d in examples}
+
+    def summary(self, metrics: dict) -> dict[str, float]:
+        """Every member's numbers as ``NAME/key`` and ``score``: the mean of the members' main metrics, or the main
+        task's under main-auxiliary."""
+        out, main = {}, {}
+        for name, m in metrics.items():
+            member = self.member(name)
+            numbers = member.summary(m)
+            out.update({f"{name}/{k}": v for k, v in numbers.items()})
+            main[name] = float(numbers[member.metric])
+        c = self.config
+        out["score"] = main[c.main] if c.weighting == "main-auxiliary" else sum(main.values()) / len(main)
+        return out
+
+    # ---------------------------------------------------------------------------------------- saving, loading
+    def save_files(self, directory: Path, prefix: str = "") -> None:
+        for m in self.members:
+            m.save_files(directory, f"{prefix}{m.head_name}.")
+
+    def load_files(self, directory: Path, prefix: str = "") -> None:
+        for m in self.members:
+            m.load_files(directory, f"{prefix}{m.head_name}.")
+
+
+class MultiTaskLoss(TaskLoss):
+    """``Σ_i sg(α_i) L_i`` over the members' batches, ``α`` from the scheme (:mod:`zhie.multitask.weighting`); under
+    ``uncertainty`` the Kendall et al. objective with its learnable ``log σ_i²`` (not in Su's posts).
+
+    Each member's ``L_i`` is its own objective's (a member with weights of its own, Sentence-BERT's classifier, keeps
+    them here). Gradient schemes get ``g_i = ∇L_i`` over the encoder's trainable parameters (``retain_graph``; the
+    heads are each one task's own, and each gets ``α_i ∇L_i``). Main-auxiliary sees the main task first.
+    """
+
+    def __init__(self, task: MultiTask, hidden_size: int) -> None:
+        super().__init__(task)
+        c = task.config
+        self.names = [m.head_name for m in task.members]
+        self.member_losses = nn.ModuleList([m.objective(hidden_size) for m in task.members])
+        main = self.names.index(c.main) if c.weighting == "main-auxiliary" else 0
+        self.order = [main] + [i for i in range(len(self.names)) if i != main]
+        self.uncertainty = UncertaintyWeighting(len(self.names)) if c.weighting == "uncertainty" else None
+        self.scheme = {
+            "equal": Equal, "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
+            "main-auxiliary": MainAuxiliary, "uncertainty": Equal,  # uncertainty: the module above decides
+            "initial": lambda: InitialLoss(None, c.initial_batches),
+            "generalised-mean": lambda: GeneralisedMean(c.gamma),
+            "prior": lambda: PriorLoss([m.prior_loss(items, b) for m, items, b in zip(
+                task.members, task.member_items, task.batch_sizes)]),
+        }[c.weighting]()
+        self.batches = 0
+        self.rows: list[tuple[int, Tensor, Tensor]] = []  # (batch, losses, weights) since the last log()
+
+    def gradients(self, model: Model, losses: Tensor) -> Tensor:
+        """``[n, P]``: each loss's gradient over the encoder's trainable parameters, flattened."""
+        params = [p for p in model.encoder.parameters() if p.requires_grad]
+        rows = []
+        for loss in losses:
+            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
+                                   for g, p in zip(grads, params)]))
+        return torch.stack(rows)
+
+    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
+        losses = []
+        for name, objective in zip(self.names, self.member_losses):
+            prefix = f"{name}/"
+            member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
+            losses.append(objective(model, member_batch).float())
+        losses = torch.stack(losses)
+        if self.uncertainty is not None:
+            total, weights = self.uncertainty(losses), self.uncertainty.weights()
+        else:
+            ordered = losses[self.order]
+            grads = self.gradients(model, ordered) if self.scheme.needs_gradients else None
+            weights = torch.empty_like(losses)
+            weights[self.order] = self.scheme.weights(ordered, grads).to(losses.device)
+            total = combine(losses, weights)
+        self.batches += 1
+        self.rows.append((self.batches, losses.detach(), weights.detach()))
+        return total
+
+    def log(self) -> dict:
+        """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
+        means since the last call."""
+        rows = [{"batch": b, "losses": dict(zip(self.names, losses.tolist())),
+                 "weights": dict(zip(self.names, weights.tolist()))} for b, losses, weights in self.rows]
+        self.rows = []
+        if not rows:
+            return {}
+        return {"task_losses": {n: sum(r["losses"][n] for r in rows) / len(rows) for n in self.names},
+                "task_weights": {n: sum(r["weights"][n] for r in rows) / len(rows) for n in self.names},
+                "per_batch": rows}
+
+    def get_extra_state(self) -> dict:
+        """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
+        return {"scheme": self.scheme.state_dict(), "batches": self.batches,
+                "rows": [(b, losses.cpu(), weights.cpu()) for b, losses, weights in self.rows]}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.scheme.load_state_dict(state["scheme"])
+        self.batches, self.rows = state["batches"], list(state["rows"])
