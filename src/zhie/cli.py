@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from zhie import tasks
+from zhie import pretrain, tasks
 from zhie.data import FORMATS, DataError
 from zhie.data.base import read_texts
 from zhie.files import atomic_write_text
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for cls in tasks.all_tasks():
         cls.add_commands(sub)
+    pretrain.add_command(sub)
 
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
@@ -172,7 +173,8 @@ def cmd_demo(args) -> None:
     print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo,
+            "pretrain": pretrain.cmd_pretrain}
 
 
 def main(argv: list[str] | None = None) -> int:
