@@ -16,6 +16,7 @@ the loss every step), ``results/depth.png``.
 
     python benchmarks/depth.py --depths 6 24 48 96 --hidden 64 --steps 300            # CPU
     python benchmarks/depth.py --depths 6 24 48 96 192 --hidden 256 --steps 2000       # GPU
+    python benchmarks/depth.py --init-ratios        # GAU(x)/x at initialisation, LeCun / Xavier / Su init
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from common import DATA, RESULTS, machine  # noqa: E402
 
 from zhie.data.cws import read_segmented  # noqa: E402
 from zhie.encoders import build  # noqa: E402
-from zhie.encoders.gau import GAUAlphaConfig, RoFormerV2Config  # noqa: E402
+from zhie.encoders.gau import GatedAttentionUnit, GAUAlphaConfig, RoFormerV2Config  # noqa: E402
 from zhie.spans import spans_to_tags, tags_to_spans  # noqa: E402
 
 VARIANTS = ("post-norm", "deepnorm-paper", "deepnorm-adam", "gau")
@@ -150,6 +151,34 @@ def run(variant: str, blocks: int, args, train, dev, vocab) -> dict:
             "machine": machine(), "date": date.today().isoformat(), "losses": losses}
 
 
+def init_ratios(out: Path) -> None:
+    """Spec §6.4's estimate: at initialisation a GAU (squared_relu, relu^2(QK^T)/(n s), s = 128) outputs ~1e-2 of
+    its input for LeCun init and n = 512. std(GAU(x)) / std(x) for x ~ N(0, 1), three seeds, per init and length."""
+    for init in ("lecun", "xavier", "su"):
+        for hidden, n in ((768, 512), (768, 128), (256, 512)):
+            ratios = []
+            for seed in range(3):
+                torch.manual_seed(seed)
+                config = GAUAlphaConfig(hidden_size=hidden, intermediate_size=2 * hidden, attention_key_size=128,
+                                        num_hidden_layers=24, normalization="squared_relu",
+                                        initializer="su" if init == "su" else "xavier",
+                                        attention_probs_dropout_prob=0.0)
+                gau = GatedAttentionUnit(config)
+                gau.reset_parameters(config)
+                with torch.no_grad():
+                    if init == "lecun":  # N(0, 1/fan_in), the derivation's assumption
+                        gau.i_dense.weight.normal_(0, hidden ** -0.5)
+                        gau.o_dense.weight.normal_(0, (2 * hidden) ** -0.5)
+                    x = torch.randn(1, n, hidden)
+                    ratios.append((gau(x, torch.ones(1, n, dtype=torch.bool)).std() / x.std()).item())
+            row = {"study": "gau-init-ratio", "init": init, "hidden": hidden, "length": n, "key_size": 128,
+                   "layers_for_su_init": 24, "ratios": [float(f"{r:.3g}") for r in ratios],
+                   "date": date.today().isoformat()}
+            with out.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -185,7 +214,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=str(RESULTS / "depth.jsonl"))
+    parser.add_argument("--init-ratios", action="store_true", help="only measure GAU(x)/x at init (spec §6.4)")
     args = parser.parse_args()
+    if args.init_ratios:
+        init_ratios(RESULTS / "depth_init.jsonl")
+        return
     train, vocab = load(DATA / "cws" / "sxu" / "train.txt", args.train_sentences, args.max_length)
     dev, _ = load(DATA / "cws" / "sxu" / "test.txt", args.dev_sentences, args.max_length, vocab)
     prior = Counter(t for _, tags in train for t in tags)

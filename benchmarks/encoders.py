@@ -2,7 +2,9 @@
 RoFormerV2 (zhie, SDPA), GAU-α (zhie, quadratic softmax_plus) and GAU-α in FLASH mode, at about the same parameter
 count (two GAU layers per BERT layer: 2 x 3eH + 2sH = 12H^2 + 256H with e = 2H, s = 128), over sequence lengths.
 
-Every measurement runs in its own process (``--one``). Memory: ``saved_mb`` is what the forward pass keeps for the
+Every measurement runs in its own process (``--one``). On CPU the process uses one thread and the time is its CPU
+time (``time.process_time``), so that other processes on a shared machine do not inflate it; on CUDA it is wall time
+after synchronising. Memory: ``saved_mb`` is what the forward pass keeps for the
 backward (every tensor autograd saves, each storage counted once): deterministic, on any device, and what grows with
 the length; on CUDA also ``peak_mb`` = ``max_memory_allocated`` of one step.
 
@@ -48,6 +50,9 @@ def build(family: str, hidden: int, layers: int, length: int):
 
 def measure(family: str, hidden: int, layers: int, length: int, batch: int, repeats: int) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    clock = time.perf_counter if device == "cuda" else time.process_time
+    if device == "cpu":
+        torch.set_num_threads(1)
     torch.manual_seed(0)
     model = build(family, hidden, layers, length).to(device).train()
     ids = torch.randint(5, 8000, (batch, length), device=device)
@@ -69,12 +74,12 @@ def measure(family: str, hidden: int, layers: int, length: int, batch: int, repe
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(repeats):
         step()
     if device == "cuda":
         torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / repeats
+    seconds = (clock() - start) / repeats
     row = {"family": family, "params_m": round(params / 1e6, 2), "length": length, "batch": batch,
            "ms_per_step": round(1000 * seconds, 1), "tokens_per_s": round(batch * length / seconds),
            "saved_mb": round(sum(saved.values()) / 2**20, 1)}
@@ -109,7 +114,9 @@ def main() -> None:
         else:
             row = json.loads(run.stdout.strip().splitlines()[-1])
         append_result("encoders", {**row, "hidden": args.hidden, "bert_layers": args.layers,
-                                   "threads": torch.get_num_threads(), "machine": machine(),
+                                   "threads": 1 if not torch.cuda.is_available() else None,
+                                   "clock": "wall" if torch.cuda.is_available() else "process CPU time",
+                                   "machine": machine().split(",")[0],
                                    "date": date.today().isoformat()})
 
 

@@ -113,7 +113,30 @@ def cws_table() -> str:
     return "\n".join(lines)
 
 
+def encoders_table() -> str:
+    lines = ["| family | params (M) | length | batch | ms / step (fwd+bwd) | tokens/s | saved for backward (MB) "
+             "| clock, machine, date |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows("encoders.jsonl"):
+        if "error" in r:
+            lines.append(f"| {r['family']} | – | {r['length']} | {r['batch']} | failed: {r['error'][:60]} | | | |")
+            continue
+        lines.append(f"| {r['family']} | {r['params_m']} | {r['length']} | {r['batch']} | {r['ms_per_step']:.0f} | "
+                     f"{r['tokens_per_s']:,} | {r['saved_mb']:,.0f} | {r['clock']}, {r['machine']}, {r['date']} |")
+    return "\n".join(lines)
+
+
+def depth_table() -> str:
+    lines = ["| variant | blocks (layers) | params (M) | branch ratio at init | status | final loss (prior) "
+             "| dev word F1 |", "|---|---|---|---|---|---|---|"]
+    for r in rows("depth.jsonl"):
+        f1 = "–" if r["dev_word_f1"] is None else pct(r["dev_word_f1"])
+        lines.append(f"| {r['variant']} | {r['blocks']} ({r['layers']}) | {r['params_m']} | {r['branch_ratio']:.4f} | "
+                     f"{r['status']} | {r['final_loss']:.3f} ({r['prior_loss']:.3f}) | {f1} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
-          "\n\n## Sentence embeddings\n\n" + sts_table())
+          "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
+          "\n\n## Depth\n\n" + depth_table())
