@@ -1,4 +1,4 @@
-"""The ``zhie`` command: train, eval, predict, demo, and the tasks' own commands (segment, embed).
+"""The ``zhie`` command: train, eval, predict, demo, serve, and the tasks' own commands (segment, embed).
 
 Tasks are found through the registry (:mod:`zhie.tasks`): ``zhie train TASK`` gets the common training flags plus
 the task's own (``Task.add_arguments``), and a task may add commands (``Task.add_commands``).
@@ -87,6 +87,17 @@ def build_parser() -> argparse.ArgumentParser:
         cls.add_commands(sub)
     pretrain.add_command(sub)
 
+    sv = sub.add_parser("serve", help="serve a model over HTTP (API, request batching, a page at /); the serve extra")
+    sv.add_argument("model", help="model directory, run directory with best/, or export directory")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-batch", type=int, default=32, help="texts per model call, gathered across requests")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
+    sv.add_argument("--max-texts", type=int, default=256, help="texts per request (413 above)")
+    sv.add_argument("--max-text-length", type=int, default=10_000, help="characters per text (413 above)")
+    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health, the page)")
+    sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
+
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--encoder", default="e5-small")
@@ -173,8 +184,26 @@ def cmd_demo(args) -> None:
     print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
 
 
+def _extra(module: str, extra: str):
+    """Import ``module`` of an optional extra, or say which extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ValueError(f"this command needs {err.name}, which is not installed: "
+                         f"pip install 'zhie[{extra}]'") from None
+
+
+def cmd_serve(args) -> None:
+    serve = _extra("zhie.serve", "serve")
+    limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
+    serve.serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                limits=limits, api_key=args.api_key, device=args.device)
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo,
-            "pretrain": pretrain.cmd_pretrain}
+            "pretrain": pretrain.cmd_pretrain, "serve": cmd_serve}
 
 
 def main(argv: list[str] | None = None) -> int:
