@@ -1,0 +1,301 @@
+"""zhie serve: every endpoint, limit and error case through FastAPI's TestClient; request batching counted on the
+batcher's model calls; the page in a real headless Chromium (marked ``browser``, skipped with its reason when
+playwright or Debian's chromium is missing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra (fastapi, uvicorn) is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import zhie  # noqa: E402
+from tests.tiny_models import trained  # noqa: E402
+from zhie.cli import main  # noqa: E402
+from zhie.serve import Batcher, Limits, create_app  # noqa: E402
+
+NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+@pytest.fixture(scope="module")
+def ner_pipe():
+    return zhie.load(trained("ner-gp"))
+
+
+@pytest.fixture(scope="module")
+def sim_pipe():
+    return zhie.load(trained("similarity"))
+
+
+def test_predict_answers_what_zhie_predict_prints(ner_pipe):
+    texts = [NESTED, "", "许霞娜去了福江省。"]
+    with TestClient(create_app(ner_pipe)) as client:
+        r = client.post("/predict", json={"texts": texts})
+    assert r.status_code == 200
+    expected = [{"text": t, "entities": ner_pipe.task.to_json(p)} for t, p in zip(texts, ner_pipe.predict(texts))]
+    assert r.json() == json.loads(json.dumps(expected))
+    found = {(e["text"], e["label"]) for e in r.json()[0]["entities"]}
+    assert {("清宁县银行", "ORG"), ("清宁县", "LOC")} <= found  # the nested pair
+    assert r.json()[1]["entities"] == []
+
+
+def test_health_info_docs_and_page(ner_pipe):
+    with TestClient(create_app(ner_pipe, max_batch=8, max_wait_ms=2)) as client:
+        assert client.get("/health").json() == {"status": "ok"}
+        info = client.get("/info").json()
+        assert info["task"] == "ner" and info["output_key"] == "entities"
+        assert info["labels"] == ["LOC", "ORG", "PER"] and info["encoder"] == "bert"
+        assert info["zhie_version"] == zhie.__version__ and info["runtime"] == "torch"
+        assert info["batching"] == {"max_batch": 8, "max_wait_ms": 2}
+        assert client.get("/docs").status_code == 200
+        paths = set(client.get("/openapi.json").json()["paths"])
+        assert {"/predict", "/embed", "/similarity", "/info", "/health"} <= paths
+        page = client.get("/")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert page.headers["content-security-policy"] == "default-src 'self'"
+        for name in ("page.js", "page.css"):
+            body = client.get(f"/{name}")
+            assert body.status_code == 200 and "http://" not in body.text and "https://" not in body.text
+        script = client.get("/page.js").text
+        assert ".innerHTML" not in script and "insertAdjacentHTML" not in script and "eval(" not in script
+        for path in ("/zhie.json", "/../zhie.json", "/resources/index.html", "/page.js/../zhie.json"):
+            assert client.get(path).status_code == 404  # nothing but the three page files is served
+
+
+def test_empty_list_is_an_empty_answer_without_a_model_call(ner_pipe):
+    app = create_app(ner_pipe)
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"texts": []})
+    assert r.status_code == 200 and r.json() == []
+    assert app.state.batchers["predict"].calls == 0
+
+
+def test_limits_answer_413_with_the_limit(ner_pipe):
+    app = create_app(ner_pipe, limits=Limits(max_texts=3, max_text_length=20, max_body_bytes=2000))
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"texts": ["好"] * 4})
+        assert r.status_code == 413 and "4 texts" in r.json()["detail"] and "limit is 3" in r.json()["detail"]
+        r = client.post("/predict", json={"texts": ["好", "长" * 21]})
+        assert r.status_code == 413 and "texts[1] has 21 characters" in r.json()["detail"]
+        r = client.post("/predict", content=b'{"texts": ["' + b"a" * 3000 + b'"]}',
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "limit of 2000 bytes" in r.json()["detail"]
+        assert client.post("/predict", json={"texts": ["好"] * 3}).status_code == 200  # at the limit
+    assert app.state.batchers["predict"].calls == 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"texts": "one text"}', b'{"texts": [1, 2]}', b'{"texts": [null]}',
+                                  b'{"text": ["a"]}', b'{"texts": ["a"], "extra": 1}', b"[]", b""])
+def test_malformed_json_and_wrong_types_are_422(ner_pipe, body):
+    with TestClient(create_app(ner_pipe)) as client:
+        r = client.post("/predict", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert client.post("/predict", json={"texts": ["好"]}).status_code == 200  # the server is fine
+
+
+def test_api_key_guards_every_endpoint_but_health_and_the_page(ner_pipe, sim_pipe):
+    with TestClient(create_app(ner_pipe, api_key="s3cret")) as client:
+        for method, path, body in [("get", "/info", None), ("post", "/predict", {"texts": ["好"]}),
+                                   ("post", "/embed", {"texts": ["好"]}), ("post", "/similarity", {"a": [], "b": []})]:
+            for headers in [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
+                            {"Authorization": "Basic s3cret"}]:
+                r = client.request(method, path, json=body, headers=headers)
+                assert r.status_code == 401, (path, headers)
+                assert "Authorization: Bearer KEY" in r.json()["detail"]
+        ok = {"Authorization": "Bearer s3cret"}
+        assert client.get("/info", headers=ok).status_code == 200
+        assert client.post("/predict", json={"texts": ["好"]}, headers=ok).status_code == 200
+        assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
+
+
+def test_embed_and_similarity(sim_pipe, ner_pipe):
+    texts = ["王伟在青山市工作。", "王伟在青山市工作。", "据远华集团消息，临江县将举办一场展览。"]
+    with TestClient(create_app(sim_pipe)) as client:
+        r = client.post("/embed", json={"texts": texts})
+        assert r.status_code == 200 and [x["text"] for x in r.json()] == texts
+        np.testing.assert_allclose([x["embedding"] for x in r.json()], sim_pipe.encode(texts), atol=1e-5)
+        r = client.post("/similarity", json={"a": texts[:2], "b": texts[1:]})
+        assert r.status_code == 200
+        assert r.json()[0]["similarity"] == pytest.approx(1.0, abs=1e-5)
+        np.testing.assert_allclose(r.json()[1]["similarity"], sim_pipe.similarity(texts[1], texts[2])[0], atol=1e-5)
+        assert client.post("/similarity", json={"a": ["a"], "b": []}).status_code == 422
+        assert client.post("/similarity", json={"a": [], "b": []}).json() == []
+        assert client.get("/info").json()["embeddings"] is True
+    with TestClient(create_app(ner_pipe)) as client:
+        r = client.post("/embed", json={"texts": ["好"]})
+        assert r.status_code == 404 and "no sentence embeddings" in r.json()["detail"]
+
+
+# ----------------------------------------------------------------------------------------------- batching
+def run_batcher(fn, requests: list[list[str]], max_batch: int, max_wait_ms: float = 50):
+    """Submit ``requests`` concurrently to a running Batcher; returns (batcher, results or exceptions)."""
+    async def go():
+        batcher = Batcher(fn, ThreadPoolExecutor(1), max_batch, max_wait_ms)
+        worker = asyncio.create_task(batcher.run())
+        await asyncio.sleep(0)
+        results = await asyncio.gather(*(batcher.submit(r) for r in requests), return_exceptions=True)
+        worker.cancel()
+        return batcher, results
+    return asyncio.run(go())
+
+
+def test_concurrent_requests_share_model_calls_up_to_max_batch():
+    calls = []
+
+    def fn(texts):
+        calls.append(list(texts))
+        return [t.upper() for t in texts]
+
+    requests = [[f"t{i}"] for i in range(8)] + [["a", "b"], []]
+    batcher, results = run_batcher(fn, requests, max_batch=64)
+    assert results == [[f"T{i}"] for i in range(8)] + [["A", "B"], []]
+    assert batcher.calls == 1 and batcher.texts == 10 and calls == [[f"t{i}" for i in range(8)] + ["a", "b"]]
+
+    calls.clear()
+    batcher, results = run_batcher(fn, [[f"t{i}"] for i in range(8)], max_batch=3)
+    assert [len(c) for c in calls] == [3, 3, 2] and results == [[f"T{i}"] for i in range(8)]
+
+    calls.clear()
+    batcher, results = run_batcher(fn, [["x"] * 5, ["y"]], max_batch=2)  # a request over max_batch runs alone
+    assert calls == [["x"] * 5, ["y"]] and results == [["X"] * 5, ["Y"]]
+
+    batcher, _ = run_batcher(fn, [[f"t{i}"] for i in range(4)], max_batch=1)  # batching off
+    assert batcher.calls == 4
+
+
+def test_a_failing_request_does_not_fail_the_others_in_its_batch():
+    def fn(texts):
+        if "boom" in texts:
+            raise RuntimeError("boom")
+        return texts
+
+    batcher, results = run_batcher(fn, [["a"], ["boom"], ["b", "c"]], max_batch=64)
+    assert results[0] == ["a"] and results[2] == ["b", "c"] and isinstance(results[1], RuntimeError)
+    assert batcher.calls == 4  # the batch, then each request alone
+
+
+class FailsOnBoom:
+    """A pipeline that fails on texts containing 'boom' and counts the texts it was given."""
+
+    def __init__(self, pipe) -> None:
+        self.pipe, self.task, self.model, self.seen = pipe, pipe.task, pipe.model, []
+
+    def predict(self, texts, batch_size=32):
+        self.seen.append(len(texts))
+        if any("boom" in t for t in texts):
+            raise RuntimeError("the model broke")
+        return self.pipe.predict(texts, batch_size)
+
+
+def test_concurrent_http_requests_are_batched_and_a_bad_one_stays_alone(ner_pipe):
+    pipe = FailsOnBoom(ner_pipe)
+    app = create_app(pipe, max_batch=64, max_wait_ms=300)
+    texts = [NESTED, "许霞娜去了福江省。", "赵娥在清西湾出版社工作。"] * 4
+    expected = {t: json.loads(json.dumps(ner_pipe.task.to_json(p))) for t, p in zip(texts, ner_pipe.predict(texts))}
+    batcher = app.state.batchers["predict"]
+    with TestClient(app) as client, ThreadPoolExecutor(len(texts) + 1) as pool:
+        answers = list(pool.map(lambda t: client.post("/predict", json={"texts": [t]}), texts))
+        assert [r.json()[0]["entities"] for r in answers] == [expected[t] for t in texts]
+        assert batcher.calls < len(texts) and max(pipe.seen) > 1, pipe.seen  # 12 requests, fewer model calls
+
+        pipe.seen.clear()
+        futures = [pool.submit(client.post, "/predict", json={"texts": [t]}) for t in texts]
+        bad = pool.submit(client.post, "/predict", json={"texts": ["boom"]})
+        answers = [f.result() for f in futures]
+        assert bad.result().status_code == 500 and "other requests are not affected" in bad.result().json()["detail"]
+        assert [r.json()[0]["entities"] for r in answers] == [expected[t] for t in texts]
+        assert client.get("/health").status_code == 200
+
+
+def test_cli_serve_flags_and_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "--max-wait-ms" in capsys.readouterr().out
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert "no zhie.json" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- the browser
+def _chromium() -> tuple[str | None, str]:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return None, "playwright is not installed (pip install playwright; the browser is Debian's chromium)"
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path, ""
+    return None, "Debian's chromium is not installed (apt-get install -y chromium)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live_server(ner_pipe):
+    import uvicorn
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(ner_pipe), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        assert time.time() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.mark.browser
+def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_server, ner_pipe):
+    executable, reason = _chromium()
+    if executable is None:
+        print(f"SKIPPED browser test: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    text = NESTED + " <script>window.pwned=1</script> & <b>粗</b> 许霞娜去了福江省。"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 900, "height": 560}, device_scale_factor=1)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(live_server + "/")
+        page.wait_for_function("document.getElementById('model').textContent.length > 0")
+        page.fill("#text", text)
+        page.click("#run")
+        page.wait_for_selector("section.result .ent")
+        boxes = page.eval_on_selector_all("section.result .doc .ent", """els => els.map(e => {
+            const outer = e.parentElement.closest('.ent');
+            return [e.textContent, e.dataset.label, outer ? outer.dataset.label : null, e.title];
+        })""")
+        (predicted,) = ner_pipe.predict([text])
+        assert sorted((b[0], b[1]) for b in boxes) == sorted((s.text, s.label) for s in predicted)
+        nested = {(b[0], b[1], b[2]) for b in boxes}
+        assert ("清宁县", "LOC", "ORG") in nested and ("清宁县银行", "ORG", None) in nested  # LOC drawn inside ORG
+        assert all(b[3].startswith(b[1] + " · score ") for b in boxes)  # label and score on hover
+        doc = page.inner_text("section.result .doc")
+        assert "<script>window.pwned=1</script> & <b>粗</b>" in doc  # shown as text ...
+        assert page.evaluate("window.pwned") is None and page.query_selector("section.result b") is None  # ... not run
+        legend = page.eval_on_selector_all("#legend .chip", "els => els.map(e => e.textContent)")
+        assert {"LOC", "ORG", "PER"} <= set(legend)
+        assert not errors
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(RESULTS / "serve_page.png"), full_page=True)
+        browser.close()

@@ -1,0 +1,115 @@
+"""Tiny models for the serving and export tests, trained in seconds on sentences written here (zhie.demo's names).
+
+``nested_corpus`` has nested entities: an organisation named after its place (``青山市大学``: ORG, with the LOC
+``青山市`` inside). Each ``train_*`` function trains one model with the ``tiny`` encoder and returns its directory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import zhie
+from zhie import demo
+from zhie.data import NerExample, write_ner_jsonl
+from zhie.spans import Span
+from zhie.training import TrainConfig
+
+NESTED_TEMPLATES = ["{PER}在{ORG}工作。", "{PER}去了{LOC}。", "{ORG}位于{LOC}。", "{PER}毕业于{ORG}，住在{LOC}。",
+                    "记者从{ORG}获悉，{PER}将前往{LOC}。"]
+
+
+def _mention(rng: random.Random, label: str) -> tuple[str, list[tuple[int, int, str]]]:
+    """A mention and its spans relative to it (an ORG is a LOC followed by an organisation word)."""
+    if label == "PER":
+        name = rng.choice(demo.SURNAMES) + "".join(rng.choices(demo.GIVEN, k=rng.choice([1, 2])))
+        return name, [(0, len(name), "PER")]
+    place = "".join(rng.choices(demo.PLACE_HEADS, k=2)) + rng.choice(demo.PLACE_TAILS)
+    if label == "LOC":
+        return place, [(0, len(place), "LOC")]
+    org = place + rng.choice(demo.ORG_TAILS)
+    return org, [(0, len(org), "ORG"), (0, len(place), "LOC")]
+
+
+def nested_corpus(n: int, seed: int) -> list[NerExample]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        text, spans, rest = "", [], rng.choice(NESTED_TEMPLATES)
+        while "{" in rest:
+            head, _, tail = rest.partition("{")
+            label, _, rest = tail.partition("}")
+            text += head
+            mention, parts = _mention(rng, label)
+            spans += [Span(len(text) + s, len(text) + e, lab, mention[s:e]) for s, e, lab in parts]
+            text += mention
+        out.append(NerExample(text + rest, spans))
+    return out
+
+
+@functools.cache
+def trained(kind: str) -> Path:
+    """One model per kind for the whole test session (``ner-gp``, ``ner-egp``, ``ner-crf``, ``ner-softmax``,
+    ``re``, ``cws``, ``similarity``), trained once in a temporary directory removed at exit."""
+    out = Path(tempfile.mkdtemp(prefix=f"zhie-{kind}-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
+    if kind.startswith("ner-"):
+        return train_ner(out, kind[4:])
+    return {"re": train_relation, "cws": train_cws, "similarity": train_similarity}[kind](out)
+
+
+def _config(epochs: int, lr: float = 2e-3, batch_size: int = 16) -> TrainConfig:
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, warmup=0.05, seed=0, eval_every=10**9)
+
+
+def train_ner(out: Path, head: str = "gp", n: int = 240, epochs: int = 12, max_length: int = 64) -> Path:
+    """A NER model on the nested corpus (the taggers keep the outermost entities)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_ner_jsonl(nested_corpus(n, seed=1), out / "train.jsonl")
+    write_ner_jsonl(nested_corpus(40, seed=2), out / "dev.jsonl")
+    config = _config(epochs, 1e-3 if head == "gp" else 2e-3)
+    zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder="tiny", head=head,
+             max_length=max_length, flatten=head in ("crf", "softmax"), config=config, resume=False, progress=False)
+    return out / "run" / "best"
+
+
+def train_relation(out: Path, head: str = "egp", n: int = 200, epochs: int = 12) -> Path:
+    """GPLinker on '{PER}毕业于{ORG}' / '{ORG}位于{LOC}' sentences."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(3)
+    lines = []
+    for _ in range(n):
+        per, org, loc = (demo._entity(rng, x) for x in ("PER", "ORG", "LOC"))
+        text = f"{per}毕业于{org}，{org}位于{loc}。"
+        spo = [{"subject": per, "predicate": "毕业于", "object": {"@value": org}},
+               {"subject": org, "predicate": "位于", "object": {"@value": loc}}]
+        lines.append(json.dumps({"text": text, "spo_list": spo}, ensure_ascii=False))
+    (out / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    zhie.fit("re", out / "train.jsonl", out / "train.jsonl", out=out / "run", encoder="tiny", head=head,
+             max_length=48, config=_config(epochs), resume=False, progress=False)
+    return out / "run" / "best"
+
+
+def train_cws(out: Path, epochs: int = 4) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["  ".join([s.text for s in ex.spans] + ["了"]) for ex in demo.make_corpus(120, seed=4)]
+    (out / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    zhie.fit("cws", out / "train.txt", out / "train.txt", out=out / "run", encoder="tiny", head="crf",
+             config=_config(epochs), resume=False, progress=False)
+    return out / "run" / "best"
+
+
+def train_similarity(out: Path, epochs: int = 2) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    sentences = [ex.text for ex in demo.make_corpus(80, seed=5)]
+    rows = [f"{a}\t{b}\t{int(a[:2] == b[:2])}" for a, b in zip(sentences, sentences[1:] + sentences[:1])]
+    rows += [f"{a}\t{a}\t1" for a in sentences[:20]]
+    (out / "pairs.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    zhie.fit("similarity", out / "pairs.tsv", out / "pairs.tsv", out=out / "run", encoder="tiny", max_length=32,
+             config=_config(epochs), resume=False, progress=False)
+    return out / "run" / "best"
