@@ -1,16 +1,32 @@
-"""The training loop (accelerate), parameter groups with learning-rate multipliers, the linear warm-up/decay
-schedule, EMA weights, length-grouped batches, atomic checkpoints and resume, metric logging and plotting."""
+"""The training loop (accelerate), parameter groups with learning-rate multipliers and layer-wise decay, the linear
+warm-up/decay schedule, EMA weights, FGM/PGD adversarial training, R-Drop, length-grouped batches, atomic checkpoints
+and resume, metric logging and plotting."""
 
+from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, replace_dir
 from .config import TrainConfig
 from .dist import broadcast_object, is_main_process, rank, world_size
 from .ema import EMA
 from .loop import train
-from .optim import NO_DECAY, build_param_groups, build_scheduler, linear_warmup_decay, with_lr_multipliers
+from .optim import (
+                    NO_DECAY,
+                    build_param_groups,
+                    build_scheduler,
+                    encoder_depth,
+                    linear_warmup_decay,
+                    with_lr_multipliers,
+)
+from .rdrop import RDropLoss, symmetric_kl
 
 __all__ = [
     "EMA",
+    "RDropLoss",
+    "embedding_weight",
+    "encoder_depth",
+    "fgm_step",
+    "pgd_step",
+    "symmetric_kl",
     "NO_DECAY",
     "TrainConfig",
     "atomic_torch_save",

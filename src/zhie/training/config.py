@@ -7,6 +7,7 @@ from dataclasses import dataclass
 __all__ = ["TrainConfig"]
 
 _MIXED_PRECISION = ("no", "fp16", "bf16")
+ADVERSARIAL = ("fgm", "pgd")
 
 
 @dataclass
@@ -14,6 +15,18 @@ class TrainConfig:
     """Everything :func:`zhie.training.train` needs besides the model and the data.
 
     Steps are optimizer steps (one step = ``grad_accum`` batches).
+
+    Training options (issue 17; each off by default):
+
+    * ``adversarial``: ``"fgm"`` or ``"pgd"`` adversarial training on the input (word) embeddings
+      (:mod:`zhie.training.adversarial`); ``adv_epsilon`` is the norm of the perturbation (FGM) or the radius of the
+      ball it stays in (PGD), ``adv_alpha`` and ``adv_steps`` are PGD's step size and number of steps.
+    * ``rdrop``: R-Drop's weight ``alpha`` (:mod:`zhie.training.rdrop`); taggers only (crf/softmax heads), applied by
+      :func:`zhie.fit`.
+    * ``llrd``: layer-wise learning-rate decay: encoder layer ``l`` of ``L`` learns at ``lr * llrd ** (L - l)``, the
+      embeddings at ``lr * llrd ** L`` (:func:`zhie.training.optim.build_param_groups`).
+    * ``ema``: the EMA decay; evaluation, the best model and (without evaluation) the final model use the averaged
+      weights (:mod:`zhie.training.ema`).
     """
 
     epochs: int = 3
@@ -31,6 +44,12 @@ class TrainConfig:
     eval_every: int | None = None     # evaluate every N optimizer steps; None -> after each epoch
     save_every: int | None = None     # resumable checkpoint every N optimizer steps (and always at each epoch end)
     mixed_precision: str = "no"       # passed to accelerate ("no", "fp16", "bf16")
+    adversarial: str | None = None    # "fgm" or "pgd": adversarial training on the input embeddings
+    adv_epsilon: float = 1.0          # FGM: norm of the perturbation; PGD: radius of the ball it is kept in
+    adv_alpha: float = 0.3            # PGD: norm of each ascent step
+    adv_steps: int = 3                # PGD: ascent steps (forward/backward passes besides the clean one)
+    rdrop: float | None = None        # R-Drop alpha (taggers); None: off
+    llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -43,6 +62,7 @@ class TrainConfig:
         positive("epochs")
         positive("batch_size")
         positive("grad_accum")
+        positive("adv_steps")
         for name in ("max_steps", "patience", "eval_every", "save_every"):
             positive(name, allow_none=True)
         if self.lr < 0 or (self.head_lr is not None and self.head_lr < 0):
@@ -57,6 +77,14 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.ema is a decay in (0, 1) such as 0.999, or None; got {self.ema}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"TrainConfig.seed must be a non-negative integer, got {self.seed!r}")
+        if self.adversarial is not None and self.adversarial not in ADVERSARIAL:
+            raise ValueError(f"TrainConfig.adversarial must be one of {ADVERSARIAL} or None, got {self.adversarial!r}")
+        if self.adv_epsilon <= 0 or self.adv_alpha <= 0:
+            raise ValueError(f"adv_epsilon and adv_alpha must be > 0, got {self.adv_epsilon} and {self.adv_alpha}")
+        if self.rdrop is not None and self.rdrop < 0:
+            raise ValueError(f"TrainConfig.rdrop is R-Drop's alpha >= 0 (or None), got {self.rdrop}")
+        if self.llrd is not None and not 0.0 < self.llrd <= 1.0:
+            raise ValueError(f"TrainConfig.llrd is a decay in (0, 1] such as 0.9 (or None), got {self.llrd}")
         if self.mixed_precision not in _MIXED_PRECISION:
             raise ValueError(f"TrainConfig.mixed_precision must be one of {_MIXED_PRECISION}, "
                              f"got {self.mixed_precision!r}")

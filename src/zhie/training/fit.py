@@ -20,6 +20,7 @@ from zhie.tasks.base import Evaluator, Task, TaskLoss, prepare_encoder, seeded
 from .config import TrainConfig
 from .dist import is_main_process
 from .loop import train
+from .rdrop import RDropLoss
 
 __all__ = ["fit"]
 
@@ -35,7 +36,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …; a task whose
     options name its data, ``multitask``'s ``config_file``, needs no ``train_path`` and ``dev_path``);
     ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
-    (:func:`~zhie.tasks.base.prepare_encoder`).
+    (:func:`~zhie.tasks.base.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
+    :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     config = config or TrainConfig()
@@ -51,6 +53,11 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     with seeded(config.seed):  # the same heads (and loss weights) in every run with this seed
         model = Model(enc, t.build_heads(enc.config.hidden_size))
         objective = t.objective(enc.config.hidden_size)
+    if config.rdrop is not None:
+        if type(objective) is not TaskLoss:
+            raise ValueError(f"R-Drop (--rdrop) applies to one task's plain loss; the {cls.name} task trains "
+                             f"{type(objective).__name__} (train it without --rdrop)")
+        objective = RDropLoss(t, config.rdrop, model.heads[t.head_name])
     data = {"train": str(train_path), "dev": str(dev_path)} if train_path is not None else {}
     summary = {"task": cls.name, **data, "examples": len(train_examples),
                **t.stats, "encoder": str(encoder), "vocab": len(tokenizer),

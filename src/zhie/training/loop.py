@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -29,12 +29,14 @@ from accelerate.utils import set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
 from .config import TrainConfig
 from .dist import all_gather_objects, broadcast_object, world_size
 from .ema import EMA
 from .optim import build_param_groups, build_scheduler, with_lr_multipliers
+from .rdrop import RDropLoss
 from .report import append_jsonl, jsonable, plot_history, write_jsonl
 
 __all__ = ["train"]
@@ -136,7 +138,8 @@ def train(
 
     Args:
         model: the task's module; trained in place. After training it holds the last training weights (not
-            the EMA average; the best model saved through ``save_best`` has those).
+            the EMA average: with ``config.ema`` the weights evaluated and saved through ``save_best`` are the
+            average, and the last training weights come back afterwards).
         train_items: already-encoded examples, opaque to the loop.
         collate: list of items -> dict of tensors (padded by the task). If it has ``"attention_mask"``,
             tokens/s is logged (tokens = ``attention_mask.sum()``).
@@ -160,6 +163,9 @@ def train(
             multi-task loss's per-step losses and weights), added to the evaluation's record (the main process's).
     """
     out_dir = Path(out_dir)
+    if config.rdrop is not None and not isinstance(loss_fn, RDropLoss):
+        raise ValueError("config.rdrop needs an R-Drop loss: pass loss_fn=RDropLoss(task, alpha, head) "
+                         "(zhie.fit does this for you)")
     n_items = len(train_items)
     if lengths is not None and len(lengths) != n_items:
         raise ValueError(f"lengths has {len(lengths)} entries for {n_items} training items")
@@ -236,6 +242,21 @@ def train(
     def ema_weights():
         return ema.applied(raw) if ema is not None else nullcontext()
 
+    adv_weight = embedding_weight(bare_model) if config.adversarial is not None else None
+
+    def adversarial(batch: dict, grad_before: Tensor | None, scale: float) -> None:
+        """FGM / PGD after the clean backward of ``batch`` (:mod:`zhie.training.adversarial`)."""
+        grad = adv_weight.grad
+        if grad is not None and grad_before is not None:
+            grad = grad - grad_before  # this batch's own gradient under accumulation
+        if config.adversarial == "fgm":
+            fgm_step(adv_weight, grad, lambda: model(batch), lambda loss: accelerator.backward(loss * scale),
+                     config.adv_epsilon)
+        else:
+            pgd_step(adv_weight, grad, lambda: raw(batch), lambda: model(batch),
+                     lambda loss: accelerator.backward(loss * scale), config.adv_epsilon, config.adv_alpha,
+                     config.adv_steps)
+
     def write_best() -> None:
         if is_main and save_best is not None:
             replace_dir(out_dir / BEST, lambda directory: save_best(bare_model, directory))
@@ -271,7 +292,8 @@ def train(
             record["dev"] = metrics
             if not math.isnan(score) and (p.best_score is None or score > p.best_score):
                 p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
-                write_best()
+                with ema_weights():  # the weights just evaluated are the ones saved
+                    write_best()
             else:
                 p.bad_evals += 1
         p.history.append(record)
@@ -315,10 +337,14 @@ def train(
                     batch = _to_device(collate([train_items[j] for j in indices]), accelerator.device)
                     last_in_group = i == len(group) - 1
                     with nullcontext() if last_in_group else accelerator.no_sync(model):
+                        grad_before = (adv_weight.grad.detach().clone()
+                                       if adv_weight is not None and adv_weight.grad is not None else None)
                         loss = model(batch)
                         if not isinstance(loss, Tensor) or loss.dim() != 0:
                             raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
                         accelerator.backward(loss / len(group))
+                        if adv_weight is not None:
+                            adversarial(batch, grad_before, 1.0 / len(group))
                     window.add(loss, batch)
                 if config.max_grad_norm is not None:
                     accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
@@ -385,9 +411,11 @@ def _check_resumable(saved: dict, current: dict, path: Path) -> None:
     if saved.get("format") != current["format"]:
         raise ValueError(f"{path} has checkpoint format {saved.get('format')!r}, this version writes "
                          f"{current['format']}; pass resume=False to start over")
-    changes = [f"config.{key}: {saved['config'].get(key)!r} -> {value!r}"
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    old = {**defaults, **saved["config"]}  # a field added since the checkpoint was written had its default then
+    changes = [f"config.{key}: {old.get(key)!r} -> {value!r}"
                for key, value in current["config"].items()
-               if key not in _RESUMABLE_CHANGES and saved["config"].get(key) != value]
+               if key not in _RESUMABLE_CHANGES and old.get(key) != value]
     changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
                 if key not in ("config", "format") and saved.get(key) != value]
     if changes:

@@ -1,6 +1,8 @@
-"""Optimizer parameter groups (encoder / head / CRF learning rates) and the learning-rate schedule."""
+"""Optimizer parameter groups (encoder / head / CRF learning rates, layer-wise decay) and the learning-rate schedule."""
 
 from __future__ import annotations
+
+import re
 
 from torch import nn
 from torch.optim import Optimizer
@@ -8,7 +10,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .config import TrainConfig
 
-__all__ = ["NO_DECAY", "build_param_groups", "build_scheduler", "linear_warmup_decay"]
+__all__ = ["NO_DECAY", "build_param_groups", "build_scheduler", "encoder_depth", "linear_warmup_decay"]
 
 # A parameter whose name contains one of these gets no weight decay (nor does any parameter of a module whose
 # class name contains "Norm": LayerNorm, RMSNorm, BatchNorm1d... even when it is named "encoder.2.weight").
@@ -40,6 +42,22 @@ def is_encoder_parameter(name: str) -> bool:
     return "encoder" in name.split(".")[:-1]
 
 
+_LAYER = re.compile(r"(?:^|\.)layer\.(\d+)\.")
+
+
+def encoder_depth(name: str) -> int | None:
+    """Where an encoder parameter sits for layer-wise learning-rate decay: ``0`` for the embeddings (a name with a
+    part containing ``embeddings``), ``N + 1`` for ``….layer.N.…`` (BERT-style ``encoder.layer.N``, and zhie's own
+    RoFormerV2 / GAU-α encoders, which use the same names), ``None`` for anything else (a final norm, a pooler, an
+    ALBERT's shared layer group): those count as the top of the encoder."""
+    match = _LAYER.search(name)
+    if match is not None:
+        return int(match.group(1)) + 1
+    if any("embeddings" in part for part in name.split(".")[:-1]):
+        return 0
+    return None
+
+
 def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     """AdamW parameter groups with their own learning rate and weight decay.
 
@@ -53,6 +71,13 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     ``*_no_decay`` groups hold biases and norm weights (names containing one of :data:`NO_DECAY`, or parameters
     of a module whose class name contains "Norm") and get weight decay 0. Frozen parameters
     (``requires_grad=False``) are left out; empty groups are dropped. Every group carries a ``"name"`` key.
+
+    Layer-wise learning-rate decay (``config.llrd = decay``): the encoder groups are split by depth
+    (:func:`encoder_depth`): with ``L`` layers, layer ``l`` (1-based, ``….layer.{l-1}.…``) learns at
+    ``lr * decay ** (L - l)``, the embeddings (depth 0) at ``lr * decay ** L``, the lowest, and encoder parameters
+    outside the layers and the embeddings (a final norm, a pooler) at ``lr``, as the top layer. Groups are named
+    ``encoder_L{l}`` / ``encoder_L{l}_no_decay`` (``encoder_top`` for the latter). The heads keep ``head_lr``;
+    the schedule multiplies every group's rate alike.
     """
     head_lr = config.lr if config.head_lr is None else config.head_lr
     settings = {
@@ -62,11 +87,27 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
         "head_no_decay": (head_lr, 0.0),
     }
     no_decay = _no_decay_ids(model)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    depths = {name: encoder_depth(name) for name, _ in named if is_encoder_parameter(name)}
+    layers = max((d for d in depths.values() if d is not None), default=0)
+    if config.llrd is not None:  # encoder_L{l} groups between the embeddings and the top, in depth order
+        encoder_settings = {}
+        for depth in range(layers + 1):
+            lr = config.lr * config.llrd ** (layers - depth)
+            encoder_settings[f"encoder_L{depth}"] = (lr, config.weight_decay)
+            encoder_settings[f"encoder_L{depth}_no_decay"] = (lr, 0.0)
+        encoder_settings |= {"encoder_top": (config.lr, config.weight_decay),
+                             "encoder_top_no_decay": (config.lr, 0.0)}
+        settings = encoder_settings | {k: v for k, v in settings.items() if k.startswith("head")}
     params: dict[str, list[nn.Parameter]] = {name: [] for name in settings}
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            group = ("encoder" if is_encoder_parameter(name) else "head") + ("_no_decay" if id(p) in no_decay else "")
-            params[group].append(p)
+    for name, p in named:
+        if name in depths:
+            group = "encoder"
+            if config.llrd is not None:
+                group += "_top" if depths[name] is None else f"_L{depths[name]}"
+        else:
+            group = "head"
+        params[group + ("_no_decay" if id(p) in no_decay else "")].append(p)
     groups = [{"name": name, "params": params[name], "lr": lr, "weight_decay": decay}
               for name, (lr, decay) in settings.items() if params[name]]
     return with_lr_multipliers(model, groups, config.lr)
