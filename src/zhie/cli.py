@@ -43,6 +43,17 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
     p.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    tricks = p.add_argument_group("training options (zhie.training.TrainConfig)")
+    tricks.add_argument("--adversarial", default=None, choices=["fgm", "pgd"],
+                        help="adversarial training on the word embeddings")
+    tricks.add_argument("--adv-epsilon", type=float, default=1.0,
+                        help="FGM: norm of the perturbation; PGD: radius of the ball it stays in")
+    tricks.add_argument("--adv-alpha", type=float, default=0.3, help="PGD: norm of each ascent step")
+    tricks.add_argument("--adv-steps", type=int, default=3, help="PGD: ascent steps")
+    tricks.add_argument("--rdrop", type=float, default=None, metavar="ALPHA",
+                        help="R-Drop with this alpha (crf/softmax taggers)")
+    tricks.add_argument("--llrd", type=float, default=None, metavar="DECAY",
+                        help="layer-wise lr decay: layer l of L learns at lr * DECAY^(L-l), the embeddings lowest")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -53,7 +64,9 @@ def _train_config(args):
     return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                        head_lr=args.head_lr, ema=args.ema, seed=args.seed,
                        warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
-                       eval_every=args.eval_every, mixed_precision=args.mixed_precision)
+                       eval_every=args.eval_every, mixed_precision=args.mixed_precision,
+                       adversarial=args.adversarial, adv_epsilon=args.adv_epsilon, adv_alpha=args.adv_alpha,
+                       adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd)
 
 
 def build_parser() -> argparse.ArgumentParser:
