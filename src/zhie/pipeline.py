@@ -10,14 +10,24 @@ from __future__ import annotations
 import os
 
 from zhie import tasks
-from zhie.tasks.base import Pipeline, read_meta
+from zhie.tasks.base import Pipeline, read_meta, resolve_model_dir
+
+EXPORT_FILE = "export.json"  # zhie.export.EXPORT_FILE: an export directory (imported lazily: it needs onnxruntime)
 
 __all__ = ["Pipeline", "load"]
 
 
 def load(path: str | os.PathLike, device: str | None = None) -> Pipeline:
-    """The pipeline for the model saved in ``path`` (a directory written by ``zhie train``, or its run directory)."""
+    """The pipeline for the model saved in ``path`` (a directory written by ``zhie train``, or its run directory), or
+    for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU (:mod:`zhie.runtime`)."""
     meta = read_meta(path)
     cls = tasks.get(str(meta.get("task")))
+    if (resolve_model_dir(path) / EXPORT_FILE).exists():
+        if device not in (None, "cpu"):
+            raise ValueError(f"{path} is an ONNX export; zhie runs exports on the CPU (device {device!r} asked)")
+        from zhie.runtime import load_export
+
+        task, model = load_export(resolve_model_dir(path))
+        return cls.pipeline_class(task, model, "cpu")
     task, model = cls.load(path)
     return cls.pipeline_class(task, model, device)

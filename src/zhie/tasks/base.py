@@ -113,7 +113,9 @@ def sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int
 
 
 def device_of(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+    """Where ``model``'s parameters are (the CPU for a model without any, e.g. an export with a pooling head)."""
+    param = next(model.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
 
 
 @contextlib.contextmanager
