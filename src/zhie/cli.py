@@ -1,4 +1,4 @@
-"""The ``zhie`` command: train, eval, predict, demo, serve, and the tasks' own commands (segment, embed).
+"""The ``zhie`` command: train, eval, predict, demo, serve, export, and the tasks' own commands (segment, embed).
 
 Tasks are found through the registry (:mod:`zhie.tasks`): ``zhie train TASK`` gets the common training flags plus
 the task's own (``Task.add_arguments``), and a task may add commands (``Task.add_commands``).
@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health, the page)")
     sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
 
+    ex = sub.add_parser("export", help="export a model to ONNX (decoding stays outside the graph); the export extra")
+    ex.add_argument("model", help="model directory (or a run directory with best/)")
+    ex.add_argument("--out", required=True, help="export directory; zhie.load, predict and serve run it on onnxruntime")
+    ex.add_argument("--opset", type=int, default=18, help="ONNX opset (18: the exporter's own)")
+    ex.add_argument("--quantize", default=None, choices=["int8"], help="dynamic int8 quantisation of the weights")
+
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--encoder", default="e5-small")
@@ -215,8 +221,18 @@ def cmd_serve(args) -> None:
                 limits=limits, api_key=args.api_key, device=args.device)
 
 
+def cmd_export(args) -> None:
+    export = _extra("zhie.export", "export")
+    for module in ("onnxruntime", "onnxscript"):  # onnxscript: torch.onnx.export(dynamo=True) needs it
+        _extra(module, "export")
+    out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize)
+    record = json.loads((out / export.EXPORT_FILE).read_text(encoding="utf-8"))
+    print(json.dumps({"export": str(out), **{k: record[k] for k in ("opset", "quantize", "fp32_max_abs_diff")}}))
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo,
-            "pretrain": pretrain.cmd_pretrain, "serve": cmd_serve}
+            "pretrain": pretrain.cmd_pretrain, "serve": cmd_serve,
+            "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:
