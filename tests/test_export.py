@@ -1,0 +1,118 @@
+"""zhie export and the onnxruntime runtime: the graph's logits equal torch's (tolerance :data:`LOGIT_TOLERANCE`, the
+largest difference printed) and the predictions are the same, with windows, nested spans and empty texts, for every
+NER head, GPLinker, segmentation and sentence embeddings; int8 against an accuracy floor."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the export extra (onnx, onnxruntime, onnxscript) is not installed")
+pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxscript")
+
+import zhie  # noqa: E402
+from tests.tiny_models import nested_corpus, relation_corpus, trained  # noqa: E402
+from zhie.cli import main  # noqa: E402
+from zhie.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference  # noqa: E402
+from zhie.runtime import OnnxModel  # noqa: E402
+
+LOGIT_TOLERANCE = 1e-4  # fp32 graph vs torch, on unmasked cells (measured: about 1e-5 on these tiny models)
+SCORE_TOLERANCE = 1e-4
+# ~300 characters: several windows (NER 64 tokens, GPLinker 48), entities and triples all along
+LONG = "".join(ex.text + r["text"] for ex, r in zip(nested_corpus(8, seed=11), relation_corpus(8, seed=12)))
+TEXTS = [LONG, "吕洋琼在清宁县银行工作。", "", "   ", "好", "蔡涛勇毕业于新平省基金会，住在湖南区。",
+         "王伟毕业于远华大学，远华大学位于临江县。"]
+KINDS = ["ner-gp", "ner-egp", "ner-crf", "ner-softmax", "re", "cws", "similarity"]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def exported(request, tmp_path_factory):
+    source = trained(request.param)
+    return request.param, source, export(source, tmp_path_factory.mktemp("export") / request.param)
+
+
+def keyed(prediction) -> list:
+    """A prediction as comparable tuples and its scores (spans, triples or words)."""
+    rows = [x.to_dict() for x in prediction]
+    scores = [r.pop("score", 0.0) for r in rows]
+    return [json.dumps(r, sort_keys=True, ensure_ascii=False) for r in rows], scores
+
+
+def test_exported_logits_and_predictions_equal_torch(exported):
+    kind, source, out = exported
+    torch_pipe, onnx_pipe = zhie.load(source), zhie.load(out)
+    assert isinstance(onnx_pipe.model, OnnxModel) and not (out / "model.safetensors").exists()
+    record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
+    assert record["fp32_max_abs_diff"] <= LOGIT_TOLERANCE
+
+    inputs = check_inputs(torch_pipe.task, [t[:40] for t in TEXTS])  # batch of 7, padded, one row all padding
+    expected = flatten(torch_pipe.model(**inputs))
+    got = [t.numpy() for t in flatten(onnx_pipe.model(**inputs))]
+    diff = largest_difference(expected, got)
+    print(f"{kind}: max abs logit difference {diff:.2e} over {sum(g.size for g in got)} cells")
+    assert diff <= LOGIT_TOLERANCE
+
+    if kind == "similarity":
+        np.testing.assert_allclose(onnx_pipe.encode(TEXTS), torch_pipe.encode(TEXTS), atol=SCORE_TOLERANCE)
+        return
+    want, have = torch_pipe.predict(TEXTS, batch_size=4), onnx_pipe.predict(TEXTS, batch_size=4)
+    print(f"{kind}: {[len(w) for w in want]} hits per text")
+    assert sum(map(len, want)) >= 2 and want[2] == have[2] == []  # something to compare; the empty text has nothing
+    for w, h in zip(want, have):
+        (wk, ws), (hk, hs) = keyed(w), keyed(h)
+        assert hk == wk
+        np.testing.assert_allclose(hs, ws, atol=SCORE_TOLERANCE)
+
+
+def test_nested_spans_come_back_from_the_export(exported):
+    kind, source, out = exported
+    if kind not in ("ner-gp", "ner-egp"):
+        pytest.skip("nested spans: GP/EGP only")
+    (spans,) = zhie.load(out).predict(["吕洋琼在清宁县银行工作。"])
+    found = {(s.text, s.label) for s in spans}
+    if kind == "ner-gp":  # the well-trained one
+        assert {("清宁县银行", "ORG"), ("清宁县", "LOC")} <= found
+
+
+def test_int8_stays_above_an_accuracy_floor(tmp_path):
+    source = trained("ner-gp")
+    out = export(source, tmp_path / "int8", quantize="int8")
+    record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
+    assert record["quantize"] == "int8"
+    dev = nested_corpus(80, seed=7)
+    fp32 = zhie.load(source).evaluate(dev)["micro"]["f1"]
+    int8 = zhie.load(out).evaluate(dev)["micro"]["f1"]
+    print(f"dev F1: torch fp32 {fp32:.4f}, onnxruntime int8 {int8:.4f}; "
+          f"int8 logit diff {record['int8_max_abs_diff']:.3g}")
+    assert int8 >= fp32 - 0.03 and int8 >= 0.9
+    assert (out / "model.onnx").stat().st_size < 0.5 * (source / "model.safetensors").stat().st_size
+
+
+def test_cli_export_predict_and_serve_an_export(tmp_path, capsys):
+    from fastapi.testclient import TestClient
+
+    from zhie.serve import create_app
+
+    source = trained("ner-gp")
+    assert main(["export", str(source), "--out", str(tmp_path / "onnx")]) == 0
+    assert json.loads(capsys.readouterr().out)["opset"] == 18
+    assert main(["predict", str(tmp_path / "onnx"), TEXTS[1]]) == 0
+    line = json.loads(capsys.readouterr().out)
+    (spans,) = zhie.load(tmp_path / "onnx").predict(TEXTS[1])
+    assert line == {"text": TEXTS[1], "entities": [s.to_dict() for s in spans]}
+    with TestClient(create_app(zhie.load(tmp_path / "onnx"))) as client:
+        assert client.get("/info").json()["runtime"] == "onnxruntime"
+        assert client.post("/predict", json={"texts": [TEXTS[1]]}).json() == [line]
+
+
+def test_export_errors(tmp_path, capsys):
+    source = trained("ner-gp")
+    assert main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no zhie.json" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown quantisation"):
+        export(source, tmp_path / "y", quantize="int4")
+    with pytest.raises(ValueError, match="CPU"):
+        zhie.load(export(source, tmp_path / "z"), device="cuda")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
