@@ -194,8 +194,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_title(f"{depth} blocks ({2 * depth} GAU layers)")
         ax.set_xlabel("step")
         ax.set_yscale("log")
+        ax.legend(fontsize=7)
     axes[0][0].set_ylabel("training loss (BMES CE)")
-    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -215,7 +215,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=str(RESULTS / "depth.jsonl"))
     parser.add_argument("--init-ratios", action="store_true", help="only measure GAU(x)/x at init (spec §6.4)")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's rows")
     args = parser.parse_args()
+    if args.plot_only:
+        out = Path(args.out)
+        plot([json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()], out.with_suffix(".png"))
+        return
     if args.init_ratios:
         init_ratios(RESULTS / "depth_init.jsonl")
         return
