@@ -296,6 +296,9 @@ def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_s
         legend = page.eval_on_selector_all("#legend .chip", "els => els.map(e => e.textContent)")
         assert {"LOC", "ORG", "PER"} <= set(legend)
         assert not errors
+        page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")  # for the README's picture
+        page.click("#run")
+        page.wait_for_function("document.querySelector('section.result .doc').textContent.startsWith('吕洋琼')")
         RESULTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(RESULTS / "serve_page.png"), full_page=True)
         browser.close()
