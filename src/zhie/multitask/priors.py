@@ -63,14 +63,17 @@ def _instance_loss(s: float, negatives: int, positives: int) -> float:
 
 
 def _best_constant(instances: Sequence[tuple[int, int]]) -> float:
-    """The ``s`` minimising the mean instance loss (convex): bisection on its derivative."""
+    """The ``s`` minimising the mean instance loss (convex): bisection on its derivative (each distinct
+    ``(negatives, positives)`` pair once, times its count)."""
+    counts = Counter(instances)
+
     def slope(s: float) -> float:
         total = 0.0
-        for n, p in instances:
+        for (n, p), count in counts.items():
             if n:
-                total += 1 / (1 + math.exp(-(math.log(n) + s)))
+                total += count / (1 + math.exp(-(math.log(n) + s)))
             if p:
-                total -= 1 / (1 + math.exp(-(math.log(p) - s)))
+                total -= count / (1 + math.exp(-(math.log(p) - s)))
         return total
     lo, hi = -60.0, 60.0
     for _ in range(200):

@@ -103,10 +103,14 @@ class SpanLabels:
 
     def __init__(self, config: NerConfig) -> None:
         self.config = config
+        self.prior_logits: list[float] | None = None  # set by NerTask.encode from the training windows
 
     def build_head(self, hidden_size: int) -> nn.Module:
         cls = GlobalPointer if self.config.head == "gp" else EfficientGlobalPointer
-        return cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
+        head = cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
+        if isinstance(head, GlobalPointer) and self.prior_logits is not None:
+            head.init_offsets(self.prior_logits)  # start at the prior, not at 0 (issue 17: else GP may collapse)
+        return head
 
     def cuts(self, n: int, spans: list[tuple[int, int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
         return windows(n, size, overlap)
@@ -122,11 +126,19 @@ class SpanLabels:
 
     def prior(self, items: list[NerWindow]) -> float:
         """One logit per type; a window of n tokens has n(n+1)/2 valid cells (upper triangle)."""
+        return self._prior(items)[0]
+
+    def _prior(self, items: list[NerWindow]) -> tuple[float, list[float]]:
         instances = []
         for it in items:
             n, positives = len(it.ids), Counter(k for _, _, k in set(it.spans))
             instances.append([(n * (n + 1) // 2 - positives[a], positives[a]) for a in range(len(self.config.labels))])
-        return multilabel_prior(instances)[0]
+        return multilabel_prior(instances)
+
+    def observe(self, items: list[NerWindow]) -> None:
+        """Remember the training windows' prior logit per type (GP starts its cells there, :meth:`build_head`)."""
+        if items:
+            self.prior_logits = self._prior(items)[1]
 
     def decode(self, head: nn.Module, logits: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
         rows: list[list[TokenSpan]] = [[] for _ in range(logits.shape[0])]
@@ -165,6 +177,9 @@ class TagLabels:
             cuts.append((start, end))
             start = end
         return cuts
+
+    def observe(self, items: list[NerWindow]) -> None:
+        """Nothing to learn from the training windows before training."""
 
     def tags(self, spans: list[tuple[int, int, int]], n: int) -> list[int]:
         labels = self.config.labels
@@ -288,6 +303,7 @@ class NerTask(WindowedTask):
                 inside = [(s - a, e - a, k) for s, e, k in token_spans if a <= s and e < b]
                 items.append(NerWindow(enc.ids[a:b], inside, self.labeling.tags(inside, b - a)))
         self.stats["windows"] += len(items)
+        self.labeling.observe(items)
         return items
 
     def collate(self, items: list[NerWindow]) -> dict[str, Tensor]:
