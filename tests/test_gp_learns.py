@@ -71,6 +71,10 @@ def test_gp_starts_at_the_prior_logit_of_each_type(sample):
     # a task that has seen no data builds bert4keras's head: zero bias, logits around 0
     fresh = NerTask(task.config, tokenizer).build_heads(128)["ner"]
     assert torch.count_nonzero(fresh.dense.bias) == 0
+    # --no-gp-prior-init: bert4keras's head even after seeing the data (reproduces the earlier GP rows of RESULTS.md)
+    old = NerTask(NerTask.configure(sample, encoder="tiny", head="gp", gp_prior_init=False), tokenizer)
+    old.encode(sample)
+    assert torch.count_nonzero(old.build_heads(128)["ner"].dense.bias) == 0
 
 
 def test_init_offsets_only_moves_the_bias_of_the_slowest_rope_pair():

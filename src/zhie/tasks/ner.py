@@ -56,6 +56,7 @@ class NerConfig:
     scheme: str = "BIO"  # tagger heads: BIO for entities, BMES for word segmentation
     flatten: bool = False  # taggers: keep the outermost of nested training entities instead of refusing them
     crf_lr_multiplier: float = 100.0  # the CRF transitions learn at the encoder lr times this (spec §8.1)
+    gp_prior_init: bool = True  # gp: start each type's cells at its prior logit (issue 17); False = bert4keras's zero
 
     def __post_init__(self):
         if self.head not in HEADS:
@@ -108,7 +109,7 @@ class SpanLabels:
     def build_head(self, hidden_size: int) -> nn.Module:
         cls = GlobalPointer if self.config.head == "gp" else EfficientGlobalPointer
         head = cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
-        if isinstance(head, GlobalPointer) and self.prior_logits is not None:
+        if isinstance(head, GlobalPointer) and self.prior_logits is not None and self.config.gp_prior_init:
             head.init_offsets(self.prior_logits)  # start at the prior, not at 0 (issue 17: else GP may collapse)
         return head
 
@@ -254,6 +255,9 @@ class NerTask(WindowedTask):
                             help="crf/softmax heads: keep the outermost of nested entities instead of refusing")
         parser.add_argument("--crf-lr-multiplier", type=float, default=100.0,
                             help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
+        parser.add_argument("--no-gp-prior-init", dest="gp_prior_init", action="store_false",
+                            help="gp: start the span logits at 0 as bert4keras does (how the GP rows of RESULTS.md "
+                                 "before 2026-11-23 were trained) instead of at each type's prior logit")
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
@@ -261,10 +265,11 @@ class NerTask(WindowedTask):
 
     @classmethod
     def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "gp", mode: str = "char",
-                  max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0) -> NerConfig:
+                  max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0,
+                  gp_prior_init: bool = True) -> NerConfig:
         labels = sorted({s.label for ex in examples for s in ex.spans})
         return NerConfig(labels, head=head, mode=mode, max_length=max_length, flatten=flatten,
-                         crf_lr_multiplier=crf_lr_multiplier)
+                         crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init)
 
     # --------------------------------------------------------------------------------------- encoding
     def check_flat(self, examples: list[NerExample]) -> list[NerExample]:
