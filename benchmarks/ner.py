@@ -65,7 +65,8 @@ def run(args) -> dict:
     start = time.time()
     result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
                       max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
-                      crf_lr_multiplier=args.crf_lr_multiplier, encoder_layers=args.encoder_layers, config=config,
+                      crf_lr_multiplier=args.crf_lr_multiplier, gp_prior_init=args.gp_prior_init,
+                      encoder_layers=args.encoder_layers, config=config,
                       resume=True, progress=not args.quiet)
     train_s = time.time() - start
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -124,6 +125,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--head-lr", type=float, default=2e-3)
     p.add_argument("--crf-lr-multiplier", type=float, default=100.0)
+    p.add_argument("--no-gp-prior-init", dest="gp_prior_init", action="store_false",
+                   help="gp: bert4keras's zero start, as the GP rows before 2026-11-23 were trained")
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="runs/bench")
