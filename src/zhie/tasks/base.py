@@ -147,15 +147,23 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
     model, tokenizer = encoders.load(name, texts=texts, seed=seed, unshare=unshare)
     if layers is not None:
         encoders.truncate_layers(model, layers)
+    keep = kept_token_ids(tokenizer, keep_tokens, {c for text in texts for c in text})
+    if keep is not None and mode == "char":
+        model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
+    return model, tokenizer
+
+
+def kept_token_ids(tokenizer, keep_tokens: str, chars: set[str]) -> set[int] | None:
+    """The token ids ``keep_tokens`` keeps for char-mode text made of ``chars`` (see :func:`prepare_encoder`), or
+    None when it keeps the whole vocabulary; :func:`zhie.encoders.prune_vocab` adds the special tokens."""
     if keep_tokens == "auto":
         keep_tokens = "cjk" if len(tokenizer) > 50_000 else "all"
     if keep_tokens not in ("all", "cjk", "data"):
         raise ValueError(f"unknown keep_tokens {keep_tokens!r}; use auto, all, cjk or data")
-    if keep_tokens != "all" and mode == "char":
-        chars = {c for text in texts for c in text} | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())
-        tt = TextTokenizer(tokenizer, "char")
-        model, tokenizer = encoders.prune_vocab(model, tokenizer, {tt.char_id(c) for c in chars} - {None})
-    return model, tokenizer
+    if keep_tokens == "all":
+        return None
+    tt = TextTokenizer(tokenizer, "char")
+    return {tt.char_id(c) for c in chars | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())} - {None}
 
 
 # ------------------------------------------------------------------------------------------------- the protocol
