@@ -174,12 +174,12 @@ def _init_embedding(embedding: nn.Embedding, config: _Config) -> None:
     nn.init.trunc_normal_(embedding.weight.data, std=std, a=-2 * std, b=2 * std)
 
 
-def _beta(config: _Config, blocks: float) -> float:
-    return 1.0 if config.deepnorm is None else deepnorm_constants(blocks, config.deepnorm)[1]
-
-
-def _alpha(config: _Config, blocks: float) -> float:
-    return 1.0 if config.deepnorm is None else deepnorm_constants(blocks, config.deepnorm)[0]
+def _deepnorm(config: _Config) -> tuple[float, float]:
+    """``(alpha, beta)`` of ``config`` (1, 1 without DeepNorm); a GAU stack of L layers counts as L/2 blocks."""
+    if config.deepnorm is None:
+        return 1.0, 1.0
+    blocks = config.num_hidden_layers / 2 if isinstance(config, GAUAlphaConfig) else config.num_hidden_layers
+    return deepnorm_constants(blocks, config.deepnorm)
 
 
 # ------------------------------------------------------------------------------------------------------ modules
@@ -238,7 +238,7 @@ class GatedAttentionUnit(nn.Module):
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
     def reset_parameters(self, config: GAUAlphaConfig) -> None:
-        beta, e = _beta(config, config.num_hidden_layers / 2), config.intermediate_size
+        beta, e = _deepnorm(config)[1], config.intermediate_size
         _init_linear(self.i_dense, config)
         self.i_dense.weight.data[: 2 * e].mul_(beta)  # U and V; Z (queries/keys) keeps gain 1
         _init_linear(self.o_dense, config, beta)
@@ -303,7 +303,7 @@ class GAULayer(nn.Module):
         super().__init__()
         self.gau = GatedAttentionUnit(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.alpha = _alpha(config, config.num_hidden_layers / 2)
+        self.alpha = _deepnorm(config)[0]
         self.eps = config.layer_norm_eps
 
     def forward(self, x: Tensor, valid: Tensor) -> Tensor:
@@ -346,11 +346,11 @@ class RoFormerV2Layer(nn.Module):
         self.output.dense = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.use_bias)
         self.activation = ACT2FN[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.alpha = _alpha(config, config.num_hidden_layers)
+        self.alpha = _deepnorm(config)[0]
         self.eps = config.layer_norm_eps
 
     def reset_parameters(self, config: RoFormerV2Config) -> None:
-        beta = _beta(config, config.num_hidden_layers)
+        beta = _deepnorm(config)[1]
         attention = self.attention.self
         _init_linear(attention.query, config)
         _init_linear(attention.key, config)
