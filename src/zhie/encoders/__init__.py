@@ -52,14 +52,22 @@ def load(name_or_dir: str | os.PathLike, *, texts: Iterable[str] | None = None, 
     name = str(name_or_dir)
     if name == e5.NAME and not Path(name).exists():
         return load_pretrained(e5.convert(out_dir=Path(cache_dir) / e5.NAME if cache_dir else None))
-    if name == "tiny" and not Path(name).exists():
+    if not is_random(name):
+        return load_pretrained(name)
+    if name == "tiny":
         if texts is None:
             raise ValueError("the 'tiny' encoder builds its vocabulary from training texts: pass texts=...")
         return tiny(texts, seed=seed)
-    if name.startswith("new:") or (name.endswith(".json") and Path(name).is_file()):
-        config, tokenizer_source = parse_new(name)
-        return new(config, texts=texts, tokenizer=tokenizer_source, seed=seed)
-    return load_pretrained(name)
+    config, tokenizer_source = parse_new(name)
+    return new(config, texts=texts, tokenizer=tokenizer_source, seed=seed)
+
+
+def is_random(name: str | os.PathLike) -> bool:
+    """Whether :func:`load` builds ``name`` at random (``tiny``, ``new:...``, a ``.json`` config file) rather than
+    reading pre-trained weights."""
+    name = str(name)
+    return ((name == "tiny" and not Path(name).exists()) or name.startswith("new:")
+            or (name.endswith(".json") and Path(name).is_file()))
 
 
 def load_pretrained(name_or_dir: str | os.PathLike):
@@ -74,9 +82,11 @@ def load_pretrained(name_or_dir: str | os.PathLike):
     own = own_model_class(_model_type(name)) if local else None
     try:
         with quiet_transformers():  # zhie reports loading problems itself (check_loading_info)
-            tokenizer = AutoTokenizer.from_pretrained(name, config=own.config_class.from_pretrained(name)) \
-                if own else AutoTokenizer.from_pretrained(name)
-            model, info = (own or AutoModel).from_pretrained(name, output_loading_info=True, weights_only=True)
+            # zhie's own families: transformers' Auto classes do not know the config, so it is read once and given
+            config = {"config": own.config_class.from_pretrained(name)} if own else {}
+            tokenizer = AutoTokenizer.from_pretrained(name, **config)
+            model, info = (own or AutoModel).from_pretrained(name, output_loading_info=True, weights_only=True,
+                                                             **config)
     except OSError as err:
         if local:
             raise
