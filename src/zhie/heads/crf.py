@@ -7,8 +7,16 @@ a path's score is
     score(y) = start[y_0] + sum_t e_t(y_t) + sum_{t>0} T[y_{t-1}, y_t] + end[y_last]
 
 and ``log_likelihood = score(y) - log Z``. Sequences are right-padded: ``mask[:, 0]`` must be all on and
-padded steps carry the forward/Viterbi state unchanged. Everything runs in fp32 and is batched in torch;
-the only python loop is over time steps.
+padded steps carry the forward/Viterbi state unchanged. Everything runs in fp32 and is batched over the sequences;
+the only python loops are over time steps, with a few small ops per step and no host synchronisation inside them:
+
+* ``log Z`` (training): the forward recursion with per-step scaling (Rabiner's scaled forward algorithm), which
+  turns the ``logsumexp`` over ``[b, L, L]`` into one ``[b, L] @ [L, L]`` matmul per step, and an explicit backward
+  pass (the backward recursion and the marginals) instead of autograd through every step. It is exact in fp32 when
+  the transitions and end scores each span at most ``_SCALED_RANGE`` nats (any trained CRF); beyond that (e.g.
+  ``-inf`` entries) the plain log-space recursion runs instead, so the result never underflows.
+* Viterbi (decoding): on the host after one copy of the emissions, keeping only the running scores; the backtrace
+  recomputes each step's argmax for the one tag on the path (``[b, L]`` instead of storing ``[b, n, L]`` pointers).
 
 Larger learning rate for the transitions (spec §8.1): the module carries its multiplier (``lr_multiplier``) and
 says which of its parameters it applies to (:meth:`CRF.lr_multipliers`); :func:`zhie.training.build_param_groups`
@@ -20,6 +28,7 @@ unlike the re-parametrisation it leaves the gradient norm (and so clipping) unch
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -30,6 +39,9 @@ __all__ = ["CRF", "bio_allowed_transitions", "bmes_allowed_transitions"]
 # Score given to forbidden transitions / start / end tags at decoding. Viterbi runs in fp32, where this is
 # exact enough: any allowed path beats any forbidden one as long as real path scores are << 1e12.
 _FORBIDDEN = -1e12
+# The scaled forward algorithm keeps probabilities in fp32; with the transitions (per column) and the end scores each
+# spanning at most this many nats, no step's normaliser can underflow (e^-60 / L >> 1e-38). Wider: log space.
+_SCALED_RANGE = 60.0
 
 
 class CRF(nn.Module):
@@ -114,18 +126,34 @@ class CRF(nn.Module):
         return score
 
     def log_partition(self, emissions: Tensor, mask: Tensor | None = None) -> Tensor:
-        """``log Z`` by the forward algorithm in log space -> ``[b]`` (fp32)."""
+        """``log Z`` by the forward algorithm -> ``[b]`` (fp32, differentiable once).
+
+        ``alpha_0 = start + e_0``, ``alpha_t(j) = logsumexp_i(alpha_{t-1}(i) + T[i, j]) + e_t(j)`` over unmasked
+        steps, ``log Z = logsumexp_j(alpha_last(j) + end(j))``; computed scaled (:class:`_ScaledLogPartition`) or,
+        when the scores' range could underflow there, in log space (:meth:`_log_partition_logspace`).
+        """
         mask = self._check(emissions, mask)
         em = emissions.float()
-        alpha = em[:, 0]
-        if self.start_transitions is not None:
-            alpha = alpha + self.start_transitions
+        start, end = self._start_end(em)
+        spread = torch.stack([(self.transitions.amax(0) - self.transitions.amin(0)).amax(), end.amax() - end.amin()])
+        if not bool((spread <= _SCALED_RANGE).all()):  # also False for inf / nan
+            return self._log_partition_logspace(em, mask, start, end)
+        return _ScaledLogPartition.apply(em, mask, self.transitions.float(), start, end)
+
+    def _log_partition_logspace(self, em: Tensor, mask: Tensor, start: Tensor, end: Tensor) -> Tensor:
+        """The forward recursion in log space, one ``logsumexp`` over ``[b, L, L]`` per step (autograd)."""
+        alpha = em[:, 0] + start
         for t in range(1, em.shape[1]):
             nxt = torch.logsumexp(alpha.unsqueeze(2) + self.transitions + em[:, t].unsqueeze(1), dim=1)
             alpha = torch.where(mask[:, t].unsqueeze(1), nxt, alpha)
-        if self.end_transitions is not None:
-            alpha = alpha + self.end_transitions
-        return torch.logsumexp(alpha, dim=1)
+        return torch.logsumexp(alpha + end, dim=1)
+
+    def _start_end(self, like: Tensor) -> tuple[Tensor, Tensor]:
+        """``(start [L], end [L])`` scores, zeros when the CRF has none."""
+        if self.start_transitions is None:
+            zeros = like.new_zeros(self.num_tags)
+            return zeros, zeros
+        return self.start_transitions.float(), self.end_transitions.float()
 
     def log_likelihood(self, emissions: Tensor, tags: Tensor, mask: Tensor | None = None) -> Tensor:
         """Per-sequence log-likelihood ``score(tags) - log Z`` -> ``[b]``; the loss is ``-mean`` of it.
@@ -144,46 +172,124 @@ class CRF(nn.Module):
     def viterbi(self, emissions: Tensor, mask: Tensor | None = None, allowed: Tensor | None = None,
                 allowed_start: Tensor | None = None, allowed_end: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """Batched Viterbi -> ``(tags [b, n] long with -1 on padded steps, best scores [b])``.
+        """Batched Viterbi -> ``(tags [b, n] long with -1 on padded steps, best scores [b])`` on the emissions' device.
 
         ``allowed [L, L]`` (bool, ``allowed[i, j]`` = tag ``j`` may follow tag ``i``), ``allowed_start [L]``
         and ``allowed_end [L]`` restrict the paths (e.g. from :func:`bio_allowed_transitions`); forbidden
         moves get a score of ``-1e12``. If no allowed path exists the result is the least-violating path.
+        Runs on the host (one copy of the emissions there, one copy of the result back): decoding is a chain of
+        ``n`` small steps, which a GPU would run as ``n`` rounds of kernel launches.
         """
         mask = self._check(emissions, mask)
-        em = emissions.float()
-        b, n, L = em.shape
-        trans = self.transitions.detach().float()
-        start = em.new_zeros(L) if self.start_transitions is None else self.start_transitions.detach().float()
-        end = em.new_zeros(L) if self.end_transitions is None else self.end_transitions.detach().float()
-        if allowed is not None:
-            trans = trans.masked_fill(~self._bool(allowed, (L, L), "allowed"), _FORBIDDEN)
-        if allowed_start is not None:
-            start = start.masked_fill(~self._bool(allowed_start, (L,), "allowed_start"), _FORBIDDEN)
-        if allowed_end is not None:
-            end = end.masked_fill(~self._bool(allowed_end, (L,), "allowed_end"), _FORBIDDEN)
-
-        em = em.detach()
-        score = start + em[:, 0]  # [b, L]: best score of a path ending in each tag
-        identity = torch.arange(L, device=em.device).expand(b, L)
-        history = []
-        for t in range(1, n):
-            best, idx = (score.unsqueeze(2) + trans + em[:, t].unsqueeze(1)).max(dim=1)
-            on = mask[:, t].unsqueeze(1)
-            score = torch.where(on, best, score)
-            history.append(torch.where(on, idx, identity))  # padded steps point to themselves
-        best_score, last = (score + end).max(dim=1)
-        path = [last]
-        for idx in reversed(history):
-            last = idx.gather(1, last.unsqueeze(1)).squeeze(1)
-            path.append(last)
-        tags = torch.stack(path[::-1], dim=1)
-        return tags.masked_fill(~mask, -1), best_score
+        with torch.no_grad():
+            trans = self.transitions.detach().float().cpu()
+            start, end = (t.detach().cpu() for t in self._start_end(trans))
+            L = self.num_tags
+            if allowed is not None:
+                trans = trans.masked_fill(~self._bool(allowed, (L, L), "allowed"), _FORBIDDEN)
+            if allowed_start is not None:
+                start = start.masked_fill(~self._bool(allowed_start, (L,), "allowed_start"), _FORBIDDEN)
+            if allowed_end is not None:
+                end = end.masked_fill(~self._bool(allowed_end, (L,), "allowed_end"), _FORBIDDEN)
+            tags, best = _viterbi(emissions.detach().float().cpu(), mask.cpu(), trans, start, end)
+        return tags.to(emissions.device), best.to(emissions.device)
 
     def _bool(self, t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-        return t.to(device=self.transitions.device, dtype=torch.bool)
+        return t.to(device="cpu", dtype=torch.bool)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the two recursions
+# ----------------------------------------------------------------------------------------------------
+class _ScaledLogPartition(torch.autograd.Function):
+    """``log Z`` of right-padded sequences by the scaled forward algorithm, with its gradient in closed form.
+
+    With ``K = exp(T - c)`` (``c_j = max_i T[i, j]``) and ``E_t(j) = exp(e_t(j) + c_j - M_t)`` (``M_t`` its row max),
+    the forward states ``p_t = exp(alpha_t - s_t)`` follow ``q_t = (p_{t-1} @ K) * E_t``, ``z_t = sum_j q_t(j)``,
+    ``p_t = q_t / z_t``, so ``alpha_t = log p_t + sum_{u <= t} (log z_u + M_u) + log max exp(alpha_0)``, and
+    ``log Z = s_last + log(p_last @ exp(end))``. Every row runs over all ``n`` steps (a right-padded row's later
+    steps never feed its earlier ones) and reads its own last real step.
+
+    Gradient: ``d log Z / d e_t(j)`` is the marginal ``mu_t(j) = p_t(j) r_t(j) / sum_j p_t r_t`` with the scaled
+    backward states ``r_{last} ∝ exp(end)``, ``r_{t-1} ∝ K @ (E_t * r_t)``; ``d log Z / d T[i, j]`` sums the
+    pair marginals ``p_{t-1}(i) K[i, j] E_t(j) r_t(j) / (z_t sum_j p_t r_t)`` over real steps ``t >= 1``;
+    ``start`` / ``end`` get the first / last marginals.
+    """
+
+    @staticmethod
+    def forward(ctx, em: Tensor, mask: Tensor, trans: Tensor, start: Tensor, end: Tensor) -> Tensor:
+        with torch.autocast(em.device.type, enabled=False):
+            b, n, L = em.shape
+            em = em.masked_fill(~mask.unsqueeze(-1), 0.0).transpose(0, 1)  # [n, b, L]; padded steps: any finite
+            k = torch.exp(trans - trans.amax(0))
+            x = em + trans.amax(0)
+            m = x.amax(-1, keepdim=True)  # [n, b, 1]
+            e = torch.exp(x - m)
+            alpha0 = em[0] + start
+            m[0] = alpha0.amax(-1, keepdim=True)
+            p = em.new_empty(n, b, L)
+            z = em.new_ones(n, b, 1)
+            torch.exp(alpha0 - m[0], out=p[0])
+            for t in range(1, n):
+                q = torch.mm(p[t - 1], k, out=p[t]).mul_(e[t])
+                torch.sum(q, -1, keepdim=True, out=z[t])
+                q.div_(z[t])
+            steps = mask.t().unsqueeze(-1)  # [n, b, 1]
+            last = mask.sum(1) - 1
+            rows = torch.arange(b, device=em.device)
+            exp_end = torch.exp(end - end.amax())
+            log_z = ((z.log() + m) * steps).sum(0).squeeze(-1) + torch.log(p[last, rows] @ exp_end) + end.amax()
+        ctx.save_for_backward(p, z, e, k, exp_end, steps, last)
+        return log_z
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        p, z, e, k, exp_end, steps, last = ctx.saved_tensors
+        n, b, L = p.shape
+        rows = torch.arange(b, device=p.device)
+        with torch.autocast(p.device.type, enabled=False):
+            r = torch.empty_like(p)
+            r_end = (exp_end / exp_end.sum()).expand(b, L)
+            r[n - 1] = r_end
+            before_last = (torch.arange(n, device=p.device)[:, None] < last).unsqueeze(-1)  # [n, b, 1]
+            for t in range(n - 1, 0, -1):
+                back = torch.mm(e[t] * r[t], k.t())
+                torch.where(before_last[t - 1], back / back.sum(-1, keepdim=True), r_end, out=r[t - 1])
+            pr = p * r
+            norm = pr.sum(-1, keepdim=True)  # [n, b, 1]
+            weight = grad.float().view(1, b, 1) * steps
+            mu = pr * (weight / norm)  # marginals times the incoming gradient, 0 on padded steps
+            pair = e[1:] * r[1:] * (weight[1:] / (z[1:] * norm[1:]))
+            d_trans = k * (p[:-1].reshape(-1, L).t() @ pair.reshape(-1, L))
+        return mu.transpose(0, 1), None, d_trans, mu[0].sum(0), mu[last, rows].sum(0)
+
+
+def _viterbi(em: Tensor, mask: Tensor, trans: Tensor, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
+    """Viterbi on host tensors ``em [b, n, L]``, right-padded ``mask [b, n]`` -> ``(tags [b, n], best [b])``.
+
+    Forward: ``delta_0 = start + e_0``, ``delta_t(j) = max_i(delta_{t-1}(i) + T[i, j]) + e_t(j)``, kept for every
+    step (``[n, b, L]``, each row read at its own last real step). Backtrace from ``argmax_j(delta_last(j) + end(j))``:
+    the tag before ``j`` at step ``t`` is ``argmax_i(delta_{t-1}(i) + T[i, j])``, the same fp32 sums as the max.
+    """
+    b, n, L = em.shape
+    to_from = trans.t().contiguous()  # [j, i]: the max over predecessors runs along the contiguous axis
+    delta = em.new_empty(n, b, L)
+    torch.add(em[:, 0], start, out=delta[0])
+    for t in range(1, n):
+        torch.add((delta[t - 1].unsqueeze(1) + to_from).amax(-1), em[:, t], out=delta[t])
+    lengths = mask.sum(1)
+    best, tag = (delta[lengths - 1, torch.arange(b)] + end).max(-1)
+
+    delta_np, to_from_np, real = delta.numpy(), to_from.numpy(), (lengths[None, :] > torch.arange(n)[:, None]).numpy()
+    tags = np.full((n, b), -1, dtype=np.int64)
+    tag = tag.numpy()
+    for t in range(n - 1, 0, -1):
+        tags[t] = np.where(real[t], tag, -1)
+        tag = np.where(real[t], (delta_np[t - 1] + to_from_np[tag]).argmax(-1), tag)
+    tags[0] = tag
+    return torch.from_numpy(tags).t(), best
 
 
 # ----------------------------------------------------------------------------------------------------
