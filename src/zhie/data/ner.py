@@ -5,6 +5,10 @@ Formats (see ``../shared/data/README.md``):
 - ``cluener``: JSON lines ``{"text", "label": {type: {mention: [[start, end_inclusive], ...]}}}``;
   a record without ``"label"`` (the test split) has no spans.
 - ``conll``: one ``token TAG`` per line (space or tab separated), a blank line between sentences.
+- ``wikiann``: WikiANN's ``lang:word<TAB>TAG`` lines (IOB2): the language prefix is dropped, words joined by a space.
+- ``conll2003``: the CoNLL-2002/2003 shared-task files: ``word [POS [chunk]] TAG`` lines, the tag in the last
+  column (IOB1 in CoNLL-2003, IOB2 in CoNLL-2002; one decoder reads both), ``-DOCSTART-`` lines skipped, words
+  joined by a space; UTF-8, or else Latin-1 (how the original files are encoded).
 - ``cmeee``: one JSON list of ``{"text", "entities": [{"start_idx", "end_idx" (inclusive), "type",
   "entity"}]}``; nested and overlapping entities are kept as they are.
 - ``jsonl``: zhie's own JSON lines ``{"text", "entities": [{"start", "end", "label", "text"}]}``
@@ -126,10 +130,32 @@ _FIELD_SEP = re.compile(r"[ \t]+")
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:(?=.)")
 
 
+def _lines(path: PathLike, encoding: str) -> Iterable[tuple[int, str]]:
+    """``iter_lines`` (UTF-8) for ``encoding="utf-8"``; ``"latin-1"`` decodes every byte as Latin-1; ``"auto"`` is
+    UTF-8 when the whole file is valid UTF-8, else Latin-1 (which decodes any bytes: the CoNLL-2002/2003 files)."""
+    if encoding == "auto":
+        try:
+            Path(path).read_bytes().decode("utf-8")
+            encoding = "utf-8"
+        except UnicodeDecodeError:
+            encoding = "latin-1"
+    if encoding == "utf-8":
+        return iter_lines(path)
+    if encoding != "latin-1":
+        raise ValueError(f"unknown encoding {encoding!r}; use utf-8, latin-1 or auto")
+    with open(path, encoding="latin-1", newline="") as f:
+        return [(n, line.rstrip("\r\n")) for n, line in enumerate(f, 1)]
+
+
 def read_conll(
-    path: PathLike, *, scheme: str = "BIO", strip_lang_prefix: bool = False, sep: str | None = None
+    path: PathLike, *, scheme: str = "BIO", strip_lang_prefix: bool = False, sep: str | None = None,
+    tag_column: int | None = None, skip_docstart: bool = False, encoding: str = "utf-8",
 ) -> list[NerExample]:
     """Read one ``token TAG`` per line (space or tab separated), a blank line between sentences.
+
+    ``tag_column=-1`` reads lines of any number of columns (``word POS chunk TAG``), the token in the first and the
+    tag in that column; ``skip_docstart`` drops ``-DOCSTART-`` lines; ``encoding`` is ``"utf-8"``, ``"latin-1"``
+    or ``"auto"`` (UTF-8 if the file is valid UTF-8, else Latin-1).
 
     The text of a sentence is its tokens joined by ``sep``; by default (``sep=None``) that is ""
     when every token in the file is a single character (Chinese character-per-line corpora) and
@@ -140,7 +166,7 @@ def read_conll(
     tags_to_spans([], scheme)  # an unknown scheme is the caller's error (ValueError), not the file's
     sentences: list[list[tuple[int, str, str]]] = []  # (line number, token, tag)
     current: list[tuple[int, str, str]] = []
-    for lineno, line in iter_lines(path):
+    for lineno, line in _lines(path, encoding):
         line = line.strip(" \t")
         if not line:
             if current:
@@ -148,9 +174,11 @@ def read_conll(
                 current = []
             continue
         fields = _FIELD_SEP.split(line)
-        if len(fields) != 2:
+        if skip_docstart and fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) < 2 or (tag_column is None and len(fields) != 2):
             raise DataError(path, lineno, f"expected 'token TAG', got {len(fields)} field(s): {line!r}")
-        token, tag = fields
+        token, tag = fields[0], fields[-1 if tag_column is None else tag_column]
         if strip_lang_prefix:
             token = _LANG_PREFIX.sub("", token)
         current.append((lineno, token, tag))
@@ -327,7 +355,7 @@ def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
 # Dispatch
 # ----------------------------------------------------------------------------------------------------
 
-FORMATS = ("cluener", "conll", "cmeee", "jsonl")
+FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003")
 
 
 def detect_format(path: PathLike) -> str:
@@ -368,6 +396,10 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
         return read_cluener(path)
     if format == "conll":
         return read_conll(path, strip_lang_prefix=strip_lang_prefix)
+    if format == "wikiann":
+        return read_conll(path, strip_lang_prefix=True, sep=" ")
+    if format == "conll2003":
+        return read_conll(path, scheme="IOB1", sep=" ", tag_column=-1, skip_docstart=True, encoding="auto")
     if format == "cmeee":
         return read_cmeee(path)
     if format == "jsonl":

@@ -8,6 +8,9 @@ Heads (spec §1, §2, §8), in two families with one output type each:
 * taggers ``crf`` / ``softmax`` — emissions ``[b, n, tags]`` over BIO tags (O = 0, B-c = 2c+1, I-c = 2c+2); the
   CRF decodes with batched Viterbi restricted to valid BIO paths. Flat data only: nested spans are refused,
   unless ``flatten`` keeps the outermost ones (:class:`TagLabels`).
+* word-level tagging (``--mode word``: ``words=True`` on sub-word tokens, softmax head; :class:`WordLabels`,
+  :mod:`zhie.words`) — one BIO tag per whitespace-separated word, on its first sub-word; the other sub-words and
+  the special tokens carry no loss and no prediction (spec §10.2, the MTMT recogniser and student).
 
 Token positions: model inputs are ``[CLS] content [SEP]``; content token ``t`` sits at position ``t + 1``.
 Texts longer than ``max_length`` are cut into windows overlapping by ``overlap`` tokens (training: every window is
@@ -38,6 +41,7 @@ from zhie.spans import Span, spans_to_tags, tags_to_spans
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
 from zhie.text import windows
+from zhie.words import word_heads, word_ranges, word_spans, word_tags
 
 SPAN_HEADS = ("gp", "egp")
 TAGGER_HEADS = ("crf", "softmax")
@@ -57,10 +61,13 @@ class NerConfig:
     flatten: bool = False  # taggers: keep the outermost of nested training entities instead of refusing them
     crf_lr_multiplier: float = 100.0  # the CRF transitions learn at the encoder lr times this (spec §8.1)
     gp_prior_init: bool = True  # gp: start each type's cells at its prior logit (issue 17); False = bert4keras's zero
+    words: bool = False  # one tag per word on its first sub-word (--mode word: subword tokens, softmax head)
 
     def __post_init__(self):
         if self.head not in HEADS:
             raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
+        if self.words and (self.head != "softmax" or self.mode != "subword"):
+            raise ValueError(f"word-level tagging (--mode word) needs the softmax head, got --head {self.head}")
         if not self.labels:
             raise ValueError("no entity types: the training data has no entities")
         if self.scheme not in ("BIO", "BMES") or (self.scheme == "BMES" and self.head in SPAN_HEADS):
@@ -212,6 +219,25 @@ class TagLabels:
         return rows
 
 
+class WordLabels(TagLabels):
+    """Word-level softmax tagging: tags on each word's first sub-word (the rest are ``IGNORE``: no loss), and per
+    token argmax hits, from which :meth:`NerTask.from_hits` reads the words' tags (:mod:`zhie.words`)."""
+
+    cut_at_right_edge = False  # a hit is one token: the window where it is most central reports it
+
+    def decode(self, head: nn.Module, emissions: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
+        """One :class:`TokenSpan` per content token: ``label`` is its argmax tag id, ``score`` that tag's
+        probability."""
+        lengths = (attention_mask.sum(1) - 2).tolist()
+        probs, tags = emissions[:, 1:].float().softmax(-1).max(-1)
+        return [[TokenSpan(t, t + 1, tag, p) for t, (tag, p) in enumerate(zip(row_tags[:n], row_probs[:n]))]
+                for row_tags, row_probs, n in zip(tags.tolist(), probs.tolist(), lengths)]
+
+    def prior(self, items: list[NerWindow]) -> float:
+        """The entropy of the tags of the words (the sub-words without a tag left out)."""
+        return softmax_tagging_prior([[t for t in it.tags if t != IGNORE] for it in items])
+
+
 def flatten_outermost(spans: list[Span]) -> list[Span]:
     """Keep the outermost of nested or overlapping spans (longest first among those starting together)."""
     kept: list[Span] = []
@@ -238,7 +264,8 @@ class NerTask(WindowedTask):
 
     def __init__(self, config: NerConfig, tokenizer):
         super().__init__(config, tokenizer)
-        self.labeling = SpanLabels(config) if config.head in SPAN_HEADS else TagLabels(config)
+        labeling = WordLabels if config.words else SpanLabels if config.head in SPAN_HEADS else TagLabels
+        self.labeling = labeling(config)
         self.cut_at_right_edge = self.labeling.cut_at_right_edge
         self.label_index = {label: i for i, label in enumerate(config.labels)}
         self.stats = {"spans_dropped": 0, "windows": 0}
@@ -247,8 +274,9 @@ class NerTask(WindowedTask):
     @classmethod
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--head", default="gp", choices=HEADS)
-        parser.add_argument("--mode", default="char", choices=["char", "subword"],
-                            help="char: one token per character (Chinese); subword: the tokenizer's own tokens")
+        parser.add_argument("--mode", default="char", choices=["char", "subword", "word"],
+                            help="char: one token per character (Chinese); subword: the tokenizer's own tokens; "
+                                 "word: one tag per space-separated word, on its first sub-word (--head softmax)")
         parser.add_argument("--max-length", type=int, default=256,
                             help="tokens per window, [CLS] and [SEP] included")
         parser.add_argument("--flatten", action="store_true",
@@ -268,8 +296,9 @@ class NerTask(WindowedTask):
                   max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0,
                   gp_prior_init: bool = True) -> NerConfig:
         labels = sorted({s.label for ex in examples for s in ex.spans})
-        return NerConfig(labels, head=head, mode=mode, max_length=max_length, flatten=flatten,
-                         crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init)
+        return NerConfig(labels, head=head, mode="subword" if mode == "word" else mode, max_length=max_length,
+                         flatten=flatten, crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init,
+                         words=mode == "word")
 
     # --------------------------------------------------------------------------------------- encoding
     def check_flat(self, examples: list[NerExample]) -> list[NerExample]:
@@ -304,12 +333,23 @@ class NerTask(WindowedTask):
                 token_spans.append((tokens[0], tokens[1] - 1, self.label_index[span.label]))
             cuts = self.labeling.cuts(len(enc), token_spans, size, overlap) if len(enc) else []
             self.stats["spans_dropped"] += sum(not any(a <= s and e < b for a, b in cuts) for s, e, _ in token_spans)
+            head_tags = self.head_tags(ex, enc) if self.config.words else None
             for a, b in cuts:
                 inside = [(s - a, e - a, k) for s, e, k in token_spans if a <= s and e < b]
-                items.append(NerWindow(enc.ids[a:b], inside, self.labeling.tags(inside, b - a)))
+                tags = head_tags[a:b] if head_tags is not None else self.labeling.tags(inside, b - a)
+                items.append(NerWindow(enc.ids[a:b], inside, tags))
         self.stats["windows"] += len(items)
         self.labeling.observe(items)
         return items
+
+    def head_tags(self, example: NerExample, encoding) -> list[int]:
+        """Word-level tagging: each word's tag id on its first sub-word, ``IGNORE`` on every other token."""
+        ranges = word_ranges(example.text)
+        tags = [IGNORE] * len(encoding)
+        for head, tag in zip(word_heads(encoding, ranges), word_tags(ranges, example.spans)):
+            if head >= 0:
+                tags[head] = self.labeling.tag_index[tag]
+        return tags
 
     def collate(self, items: list[NerWindow]) -> dict[str, Tensor]:
         batch = self.collate_inputs(items)
@@ -333,6 +373,8 @@ class NerTask(WindowedTask):
 
     def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
         """Entities of each text, in input order (long texts through overlapping windows)."""
+        if self.config.words:
+            return self.word_entities(texts, hits)
         found: list[dict[tuple[int, int, str], float]] = [{} for _ in texts]
         for i, enc, a, hit in hits:
             start, end = enc.token_span_to_chars(a + hit.start, a + hit.end)
@@ -340,6 +382,23 @@ class NerTask(WindowedTask):
             found[i][key] = max(hit.score, found[i].get(key, 0.0))
         return [sorted(Span(s, e, label, text[s:e], score) for (s, e, label), score in spans.items())
                 for text, spans in zip(texts, found)]
+
+    def word_entities(self, texts: list[str], hits) -> list[list[Span]]:
+        """Word-level tagging: each word takes the tag its first sub-word's hit carries (``O`` for a word without
+        one), and the words' BIO tags become character spans (:func:`zhie.words.word_spans`)."""
+        token_tags: list[dict[int, tuple[int, float]]] = [{} for _ in texts]
+        encodings = {}
+        for i, enc, a, hit in hits:
+            token_tags[i][a + hit.start] = (hit.label, hit.score)
+            encodings[i] = enc
+        out = []
+        for i, text in enumerate(texts):
+            ranges = word_ranges(text)
+            heads = word_heads(encodings[i], ranges) if i in encodings else [-1] * len(ranges)
+            tag_scores = [token_tags[i].get(h, (0, 1.0)) for h in heads]
+            tags = [self.config.tags[t] for t, _ in tag_scores]
+            out.append(word_spans(text, ranges, tags, [p for _, p in tag_scores]))
+        return out
 
     # --------------------------------------------------------------------------------------- metrics
     def score(self, examples: list[NerExample], predictions: list[list[Span]]) -> dict:
