@@ -238,7 +238,8 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo"
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command])(args)
+        handler = getattr(args, "handler", None)  # a task's own command that is not over texts (zhie distill)
+        (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
     except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
         print(f"zhie: error: {err}", file=sys.stderr)
         return 2

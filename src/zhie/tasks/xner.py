@@ -1,0 +1,404 @@
+"""Cross-lingual NER by multi-task, multi-teacher distillation (MTMT, ACL 2022; spec §10).
+
+Three models, all word-level (one prediction per word, on its first sub-word: :mod:`zhie.words`):
+
+* the **entity recogniser** (teacher 1) is an ordinary word-level NER model on the labelled source language:
+  ``zhie train ner --mode word --head softmax`` (dropout -> linear -> softmax, CE on first sub-words, spec §10.2);
+* the **similarity evaluator** (teacher 2) is the task ``xner-evaluator`` here: a Siamese encoder over two sentences
+  each with one selected word; its prediction is ``σ(cos(e_1, e_2))`` of the two words' last hidden states (after
+  dropout), trained with BCE against "the two words have the same BIO tag", on word pairs from
+  :func:`zhie.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
+* the **student** (``zhie distill``, :func:`distill`): one fresh encoder + one linear head, trained on unlabelled
+  target-language pairs with :func:`zhie.mtmt.mtmt_loss`; it is saved as an ordinary word-level NER model
+  directory, so ``zhie predict``/``eval``/``serve`` take it as they are.
+
+The teachers are evaluated once over the target sentences before the student trains (both are in eval mode, so
+their outputs are fixed): the recogniser's probabilities and the evaluator's vectors at every word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from zhie.data import FORMATS, NerExample, read_ner
+from zhie.data.base import read_texts
+from zhie.files import atomic_write_text
+from zhie.metrics import prf
+from zhie.model import Model
+from zhie.mtmt import bce, mtmt_loss, sample_pairs, sigmoid_cosine
+from zhie.tasks import register
+from zhie.tasks.base import Evaluator, Task, device_of, model_inputs, sorted_batches
+from zhie.tasks.ner import NerTask
+from zhie.text import TextTokenizer
+from zhie.words import word_heads, word_ranges, word_tags
+
+__all__ = ["XnerEvaluatorTask", "distill"]
+
+
+# ------------------------------------------------------------------------------------------------- words in, rows out
+def word_inputs(tt: TextTokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]:
+    """The content token ids of ``text`` (at most ``max_length - 2``) and, per word, the index of its first sub-word
+    among them (-1: the word has none, or it lies past the cut)."""
+    enc, size = tt(text), max_length - 2
+    return enc.ids[:size], [h if 0 <= h < size else -1 for h in word_heads(enc, word_ranges(text))]
+
+
+def pair_inputs(tt: TextTokenizer, a: list[list[int]], b: list[list[int]], a_word: list[int], b_word: list[int]
+                ) -> dict[str, Tensor]:
+    """A batch of B sentence pairs as 2B model inputs, the first sentences then the second ones; ``positions`` are
+    the selected words' first sub-words in the model inputs (content index + 1 for ``[CLS]``)."""
+    batch = model_inputs([tt.model_input(ids) for ids in a + b], tt.pad_id)
+    batch["positions"] = torch.tensor([w + 1 for w in a_word + b_word], dtype=torch.long)
+    return batch
+
+
+def selected_rows(output: Tensor, positions: Tensor) -> Tensor:
+    """``output[b, positions[b]]`` in fp32: ``[2B, X]`` from ``[2B, n, X]``."""
+    return output[torch.arange(output.shape[0], device=output.device), positions].float()
+
+
+@torch.no_grad()
+def word_outputs(model, head_name: str, tt: TextTokenizer, inputs: list[tuple[list[int], list[int]]],
+                 batch_size: int = 64) -> list[Tensor]:
+    """Per sentence of ``inputs`` (from :func:`word_inputs`), the fp32 output of head ``head_name`` at each word's
+    first sub-word, ``[n_words, X]`` on the CPU (a zero row for a word without one)."""
+    model.eval()
+    device = device_of(model)
+    out: list[Tensor] = [torch.zeros(0)] * len(inputs)
+    for idx in sorted_batches([len(ids) for ids, _ in inputs], batch_size):
+        batch = model_inputs([tt.model_input(inputs[i][0]) for i in idx], tt.pad_id)
+        y = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                  heads=[head_name])[head_name].float().cpu()
+        for row, i in enumerate(idx):
+            heads = torch.tensor(inputs[i][1], dtype=torch.long)
+            out[i] = y[row, heads.clamp(min=0) + 1] * (heads >= 0).unsqueeze(-1)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- the evaluator
+class WordVectors(nn.Module):
+    """The evaluator's head: the encoder's last hidden states after dropout, ``[b, n, D]`` (no weights)."""
+
+    def __init__(self, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.dropout(hidden)
+
+
+@dataclass
+class EvaluatorConfig:
+    tags: list[str]              # the BIO tags whose equality the evaluator learns
+    mode: str = "subword"
+    max_length: int = 128        # tokens per sentence, special tokens included; words past it are not paired
+    pairs: int = 20_000          # training pairs (the official loader: up to 500k)
+    balanced: bool = True        # half the pairs with the same tag (the official loader's isequal)
+    dev_pairs: int = 2_000       # pairs of the development set scored after each epoch
+    dropout: float = 0.1
+    pair_seed: int = 0
+
+
+@dataclass
+class WordPair:
+    a: list[int]
+    a_word: int
+    b: list[int]
+    b_word: int
+    label: float
+
+
+@register
+class XnerEvaluatorTask(Task):
+    """MTMT's similarity evaluator: ``predict`` returns, per text, a float32 array ``[n_words, hidden]`` of its
+    words' vectors (first sub-words); two words' similarity is ``σ(cos)`` of theirs."""
+
+    name = "xner-evaluator"
+    help = "MTMT similarity evaluator: do two words (in two sentences) carry the same entity tag? (spec 10.2)"
+    config_class = EvaluatorConfig
+    output_key = "word_vectors"
+    metric = "f1"
+    group_by_length = False
+
+    def __init__(self, config: EvaluatorConfig, tokenizer) -> None:
+        super().__init__(config, tokenizer)
+        self.text_tokenizer = TextTokenizer(tokenizer, "subword")
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        parser.add_argument("--max-length", type=int, default=128, help="tokens per sentence, [CLS] and [SEP] included")
+        parser.add_argument("--pairs", type=int, default=20_000, help="training word pairs")
+        parser.add_argument("--dev-pairs", type=int, default=2_000, help="development word pairs scored")
+        parser.add_argument("--no-balance", dest="balanced", action="store_false",
+                            help="draw partners uniformly instead of half with the same tag")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
+        return read_ner(path, format)
+
+    @classmethod
+    def configure(cls, examples: list[NerExample], *, encoder: str, max_length: int = 128, pairs: int = 20_000,
+                  dev_pairs: int = 2_000, balanced: bool = True) -> EvaluatorConfig:
+        labels = sorted({s.label for ex in examples for s in ex.spans})
+        return EvaluatorConfig(["O"] + [f"{p}-{label}" for label in labels for p in "BI"], max_length=max_length,
+                               pairs=pairs, dev_pairs=dev_pairs, balanced=balanced)
+
+    def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        return {self.head_name: WordVectors(self.config.dropout)}
+
+    def sentences(self, examples: list[NerExample]) -> tuple[list[tuple[list[int], list[int]]], list[list]]:
+        """Each example's :func:`word_inputs` and its words' gold tags (None for a word that cannot be selected)."""
+        inputs = [word_inputs(self.text_tokenizer, ex.text, self.config.max_length) for ex in examples]
+        tags = [[tag if h >= 0 else None for h, tag in zip(heads, word_tags(word_ranges(ex.text), ex.spans))]
+                for ex, (_, heads) in zip(examples, inputs)]
+        return inputs, tags
+
+    def pairs(self, examples: list[NerExample], n: int, seed: int) -> tuple[list, list[WordPair]]:
+        inputs, tags = self.sentences(examples)
+        pairs = sample_pairs(tags, n, balanced=self.config.balanced, seed=seed)
+        return pairs, [WordPair(inputs[i][0], inputs[i][1][w], inputs[j][0], inputs[j][1][v], float(same))
+                       for (i, w), (j, v), same in pairs]
+
+    def encode(self, examples: list[NerExample]) -> list[WordPair]:
+        items = self.pairs(examples, self.config.pairs, self.config.pair_seed)[1]
+        self.stats["pairs"], self.stats["positive_pairs"] = len(items), int(sum(it.label for it in items))
+        return items
+
+    def collate(self, items: list[WordPair]) -> dict[str, Tensor]:
+        batch = pair_inputs(self.text_tokenizer, [it.a for it in items], [it.b for it in items],
+                            [it.a_word for it in items], [it.b_word for it in items])
+        batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float32)
+        return batch
+
+    def head_loss(self, head: nn.Module, output: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        """Mean BCE of ``σ(cos(e_1, e_2))`` against the same-tag label."""
+        vectors = selected_rows(output, batch["positions"])
+        half = batch["labels"].shape[0]
+        return bce(sigmoid_cosine(vectors[:half], vectors[half:]), batch["labels"]).mean()
+
+    def predict(self, model, texts: list[str], batch_size: int = 64, max_tokens: int | None = None
+                ) -> list[np.ndarray]:
+        """Per text, its words' vectors ``[n_words, hidden]``, in batches of ``batch_size`` sentences (``max_tokens``,
+        of the Task protocol, is not used: the evaluator's sentences are short)."""
+        inputs = [word_inputs(self.text_tokenizer, t, self.config.max_length) for t in texts]
+        return [x.numpy() for x in word_outputs(model, self.head_name, self.text_tokenizer, inputs, batch_size)]
+
+    def to_json(self, prediction: np.ndarray) -> list[list[float]]:
+        return [[round(float(x), 6) for x in row] for row in prediction]
+
+    def evaluate(self, model, examples: list[NerExample], batch_size: int = 64, max_tokens: int | None = None) -> dict:
+        """F1 (and accuracy) of "same tag" = ``σ(cos) >= 0.5`` on ``dev_pairs`` class-balanced pairs of ``examples``
+        (the official evaluator's sklearn F1), and their mean BCE."""
+        pairs, items = self.pairs(examples, self.config.dev_pairs, self.config.pair_seed + 1)
+        used = sorted({i for (i, _), (j, _), _ in pairs} | {j for _, (j, _), _ in pairs})
+        inputs = [word_inputs(self.text_tokenizer, examples[i].text, self.config.max_length) for i in used]
+        rows = dict(zip(used, word_outputs(model, self.head_name, self.text_tokenizer, inputs, batch_size)))
+        a = torch.stack([rows[i][w] for (i, w), _, _ in pairs])
+        b = torch.stack([rows[j][v] for _, (j, v), _ in pairs])
+        sim, labels = sigmoid_cosine(a, b), torch.tensor([it.label for it in items])
+        said = sim >= 0.5
+        tp = int((said & (labels == 1)).sum())
+        accuracy = float((said == (labels == 1)).float().mean())
+        return {**prf(tp, int(said.sum()), int(labels.sum())), "accuracy": accuracy,
+                "bce": float(bce(sim, labels).mean()), "pairs": len(pairs)}
+
+    @classmethod
+    def add_commands(cls, commands: argparse._SubParsersAction) -> None:
+        add_distill_command(commands)
+
+
+# ------------------------------------------------------------------------------------------------- the student
+@dataclass
+class DistillPair:
+    """One training item of the student: two target sentences (student token ids), the selected words' first
+    sub-words, the recogniser's probabilities at them and the evaluator's similarity."""
+
+    a: list[int]
+    a_word: int
+    b: list[int]
+    b_word: int
+    teacher_a: Tensor
+    teacher_b: Tensor
+    teacher_sim: float
+
+    @property
+    def ids(self) -> list[int]:  # for length grouping: the longer sentence
+        return self.a if len(self.a) >= len(self.b) else self.b
+
+
+class MtmtObjective(nn.Module):
+    """``objective(model, batch)``: the student's loss (:func:`zhie.mtmt.mtmt_loss`) on a batch of pairs.
+
+    One encoder pass over the 2B sentences; at the selected words the head's dropout gives ``h`` (the official
+    student's ``output``), its linear layer the logits, ``p^S = softmax(logits)`` and ``s^S = σ(cos(h_1, h_2))``.
+    """
+
+    def __init__(self, head_name: str, loss_alpha: float = 0.5, alpha: bool = True, beta: bool = True,
+                 gamma: bool = True, similarity: bool = True) -> None:
+        super().__init__()
+        self.head_name = head_name
+        self.switches = {"loss_alpha": loss_alpha, "alpha": alpha, "beta": beta, "gamma": gamma,
+                         "similarity": similarity}
+
+    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
+        hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        head = model.heads[self.head_name]
+        h = head.dropout(selected_rows(hidden, batch["positions"]))
+        probs = head.dense(h).float().softmax(-1)
+        half = batch["teacher_sim"].shape[0]
+        return mtmt_loss(probs[:half], probs[half:], sigmoid_cosine(h[:half], h[half:]),
+                         batch["teacher_probs"][:half], batch["teacher_probs"][half:], batch["teacher_sim"],
+                         **self.switches)
+
+
+def read_target(path: str | os.PathLike, format: str = "auto") -> list[str]:
+    """Texts of the unlabelled target set: ``format="text"`` one per line (or JSON lines with "text"); otherwise a
+    NER file read as ``zhie train ner`` would (its labels unused)."""
+    return read_texts(path) if format == "text" else [ex.text for ex in read_ner(path, format)]
+
+
+def teacher_tables(recognizer, evaluator, student_tt: TextTokenizer, texts: list[str], max_length: int,
+                   batch_size: int = 64) -> tuple[list, list[Tensor], list[Tensor]]:
+    """Student inputs per text (:func:`word_inputs`; a word whose first sub-word is missing for any of the three
+    tokenizers gets -1), the recogniser's probabilities ``[n_words, C]`` and the evaluator's vectors
+    ``[n_words, D]``."""
+    rec_task, rec_model = recognizer
+    ev_task, ev_model = evaluator
+    rec_in = [word_inputs(rec_task.text_tokenizer, t, rec_task.config.max_length) for t in texts]
+    ev_in = [word_inputs(ev_task.text_tokenizer, t, ev_task.config.max_length) for t in texts]
+    student_in = []
+    for t, (_, rh), (_, eh) in zip(texts, rec_in, ev_in):
+        ids, heads = word_inputs(student_tt, t, max_length)
+        student_in.append((ids, [h if min(h, r, e) >= 0 else -1 for h, r, e in zip(heads, rh, eh)]))
+    probs = [x.softmax(-1) for x in word_outputs(rec_model, rec_task.head_name, rec_task.text_tokenizer, rec_in,
+                                                 batch_size)]
+    vectors = word_outputs(ev_model, ev_task.head_name, ev_task.text_tokenizer, ev_in, batch_size)
+    return student_in, probs, vectors
+
+
+def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target: str | os.PathLike, *,
+            out: str | os.PathLike, dev: str | os.PathLike | None = None, format: str = "auto",
+            encoder: str = "e5-small", encoder_layers: int | None = None, pairs: int | None = None,
+            balanced: bool = True, loss_alpha: float = 0.5, alpha: bool = True, beta: bool = True, gamma: bool = True,
+            similarity: bool = True, config=None, head_lr_ratio: float = 1e-3, resume: bool = True,
+            progress: bool = True) -> dict:
+    """Train an MTMT student on the unlabelled ``target`` texts from the ``recognizer`` and ``evaluator`` model
+    directories (spec §10.3); the best student on ``dev`` (labelled target data, used only to pick the evaluation),
+    or the last one without ``dev``, is an ordinary NER model directory in ``out/best``. Returns the loop's summary.
+
+    ``pairs`` word pairs (default: as many as the target has words) are drawn by :func:`zhie.mtmt.sample_pairs`,
+    class-balanced on the recogniser's predicted tags unless ``balanced=False``. ``config`` is the loop's
+    :class:`~zhie.training.TrainConfig`; the head learns at ``config.lr * head_lr_ratio`` (official: 1/1000).
+    ``alpha``/``beta``/``gamma``/``similarity`` switch the weights and the similarity task (ablations; all four off
+    is single-teacher distillation, TSL).
+    """
+    import zhie
+    from zhie.tasks.base import prepare_encoder, seeded
+    from zhie.training import TrainConfig, is_main_process, train
+
+    config = config or TrainConfig(lr=2e-5)
+    config = dataclasses.replace(config, head_lr=config.lr * head_lr_ratio)
+    rec, ev = zhie.load(recognizer), zhie.load(evaluator)
+    if not (isinstance(rec.task, NerTask) and rec.task.config.words):
+        raise ValueError(f"{recognizer} is not a word-level NER model; train the recogniser with "
+                         "`zhie train ner --mode word --head softmax`")
+    if not isinstance(ev.task, XnerEvaluatorTask):
+        raise ValueError(f"{evaluator} is a {ev.task.name!r} model; train the evaluator with "
+                         "`zhie train xner-evaluator`")
+    texts = read_target(target, format)
+    dev_examples = read_ner(dev, "auto" if format == "text" else format) if dev is not None else None
+    enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode="subword", keep_tokens="all",
+                                     layers=encoder_layers, seed=config.seed)
+    student = NerTask(dataclasses.replace(rec.task.config), tokenizer)
+    inputs, probs, vectors = teacher_tables((rec.task, rec.model), (ev.task, ev.model), student.text_tokenizer, texts,
+                                            student.config.max_length)
+    tags = [[int(p[w].argmax()) if h >= 0 else None for w, h in enumerate(heads)]
+            for (_, heads), p in zip(inputs, probs)]
+    n_words = sum(t is not None for row in tags for t in row)
+    chosen = sample_pairs(tags, pairs or n_words, balanced=balanced, seed=config.seed)
+    a = torch.stack([vectors[i][w] for (i, w), _, _ in chosen])
+    b = torch.stack([vectors[j][v] for _, (j, v), _ in chosen])
+    sims = sigmoid_cosine(a, b).tolist()
+    items = [DistillPair(inputs[i][0], inputs[i][1][w], inputs[j][0], inputs[j][1][v], probs[i][w], probs[j][v], s)
+             for ((i, w), (j, v), _), s in zip(chosen, sims)]
+    with seeded(config.seed):
+        model = Model(enc, student.build_heads(enc.config.hidden_size))
+    objective = MtmtObjective(student.head_name, loss_alpha, alpha, beta, gamma, similarity)
+
+    def collate(batch_items: list[DistillPair]) -> dict[str, Tensor]:
+        batch = pair_inputs(student.text_tokenizer, [it.a for it in batch_items], [it.b for it in batch_items],
+                            [it.a_word for it in batch_items], [it.b_word for it in batch_items])
+        batch["teacher_probs"] = torch.stack([it.teacher_a for it in batch_items]
+                                             + [it.teacher_b for it in batch_items])
+        batch["teacher_sim"] = torch.tensor([it.teacher_sim for it in batch_items], dtype=torch.float32)
+        return batch
+
+    out = Path(out)
+    summary = {"recognizer": str(recognizer), "evaluator": str(evaluator), "target": str(target), "dev": str(dev),
+               "encoder": str(encoder), "encoder_layers": enc.config.num_hidden_layers, "target_texts": len(texts),
+               "target_words": n_words, "pairs": len(items), "same_tag_pairs": sum(same for _, _, same in chosen),
+               **objective.switches, "balanced": balanced, "head_lr": config.head_lr}
+    if is_main_process():
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
+        if progress:
+            print(json.dumps(summary, ensure_ascii=False))
+    return train(model, items, collate=collate, loss_fn=objective, config=config, out_dir=out,
+                 evaluate=Evaluator(student, dev_examples) if dev_examples is not None else None, metric="f1",
+                 save_best=student.save, lengths=[len(it.ids) for it in items], resume=resume, progress=progress)
+
+
+def add_distill_command(commands: argparse._SubParsersAction) -> None:
+    """``zhie distill``: the MTMT student (its flags are :func:`distill`'s arguments)."""
+    p = commands.add_parser("distill", help="cross-lingual NER: train an MTMT student on unlabelled target text "
+                                            "from a recogniser and an evaluator (spec 10.3)")
+    p.add_argument("--recognizer", required=True, help="word-level NER model (zhie train ner --mode word)")
+    p.add_argument("--evaluator", required=True, help="similarity evaluator (zhie train xner-evaluator)")
+    p.add_argument("--target", required=True, help="unlabelled target-language text (a NER file's labels are unused)")
+    p.add_argument("--dev", default=None, help="labelled target development file: picks the best evaluation only")
+    p.add_argument("--format", default="auto", choices=["auto", "text", *FORMATS],
+                   help="format of --target and --dev (text: one sentence a line, --target only)")
+    p.add_argument("--out", required=True, help="run directory; best/ is an ordinary NER model directory")
+    p.add_argument("--encoder", default="e5-small", help="the student's initial encoder")
+    p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
+    p.add_argument("--pairs", type=int, default=None, help="word pairs per epoch (default: one per target word)")
+    p.add_argument("--no-balance", dest="balanced", action="store_false",
+                   help="draw partners uniformly instead of half with the same predicted tag")
+    p.add_argument("--loss-alpha", type=float, default=0.5, help="weight of the similarity loss")
+    for name, what in (("alpha", "recogniser-confidence weight"), ("beta", "evaluator-confidence weight"),
+                       ("gamma", "teacher-agreement weight"), ("similarity", "similarity task")):
+        p.add_argument(f"--no-{name}", dest=name, action="store_false", help=f"turn off the {what} (ablation)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
+    p.add_argument("--head-lr-ratio", type=float, default=1e-3, help="head learning rate / --lr (official 1/1000)")
+    p.add_argument("--warmup", type=float, default=0.1)
+    p.add_argument("--eval-every", type=int, default=None)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(handler=cmd_distill)
+
+
+def cmd_distill(args) -> None:
+    from zhie.training import TrainConfig, is_main_process
+
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                         eval_every=args.eval_every, seed=args.seed)
+    result = distill(args.recognizer, args.evaluator, args.target, out=args.out, dev=args.dev, format=args.format,
+                     encoder=args.encoder, encoder_layers=args.encoder_layers, pairs=args.pairs,
+                     balanced=args.balanced, loss_alpha=args.loss_alpha, alpha=args.alpha, beta=args.beta,
+                     gamma=args.gamma, similarity=args.similarity, config=config, head_lr_ratio=args.head_lr_ratio,
+                     resume=not args.no_resume, progress=not args.quiet)
+    if is_main_process():
+        print(json.dumps({"best": result["best"], "best_step": result.get("best_step"),
+                          "model": str(Path(args.out) / "best")}, ensure_ascii=False))
