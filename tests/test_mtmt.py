@@ -177,7 +177,7 @@ def corpus(n: int, seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def encoder_dir(tmp_path_factory) -> Path:
-    """A random 2-layer BERT (hidden 64) whose names split into single-character sub-words."""
+    """A random 1-layer BERT (hidden 32) whose names split into single-character sub-words."""
     from transformers import BertConfig, BertModel
 
     from zhie.encoders import SPECIAL_TOKENS, wordpiece_tokenizer
@@ -185,8 +185,8 @@ def encoder_dir(tmp_path_factory) -> Path:
     chars = sorted({c for w in PER + LOC + ORG + WORDS for c in w})
     vocab = SPECIAL_TOKENS + WORDS + chars + ["##" + c for c in chars]
     out = tmp_path_factory.mktemp("encoder")
-    config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=128, max_position_embeddings=64, pad_token_id=0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32, pad_token_id=0)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         BertModel(config, add_pooling_layer=False).save_pretrained(out)
@@ -218,7 +218,7 @@ def test_only_first_subwords_carry_loss(encoder_dir, tmp_path):
     assert [tags[t] if t != IGNORE else None for t in window.tags] == (
         ["B-PER", None, None, None, "O", "O", "B-LOC"] + [None] * 5)
     batch = task.collate([window])
-    model = Model(encoders.load(str(encoder_dir))[0], task.build_heads(64))
+    model = Model(encoders.load(str(encoder_dir))[0], task.build_heads(32))
     emissions = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])["ner"]
     changed = emissions.clone()
     off_words = [p + 1 for p in range(len(enc)) if p not in heads]
@@ -233,16 +233,16 @@ def test_only_first_subwords_carry_loss(encoder_dir, tmp_path):
 def teachers(tmp_path_factory, encoder_dir):
     """A word-level recogniser (zhie.fit) and an evaluator (the CLI) on the source sentences."""
     d = tmp_path_factory.mktemp("teachers")
-    (d / "src.txt").write_text(corpus(120, 1), encoding="utf-8")
+    (d / "src.txt").write_text(corpus(80, 1), encoding="utf-8")
     (d / "dev.txt").write_text(corpus(30, 3), encoding="utf-8")
-    (d / "tgt.txt").write_text(corpus(150, 2), encoding="utf-8")
-    config = TrainConfig(epochs=5, batch_size=16, lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
+    (d / "tgt.txt").write_text(corpus(80, 2), encoding="utf-8")
+    config = TrainConfig(epochs=6, batch_size=16, lr=5e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("ner", d / "src.txt", d / "dev.txt", out=d / "rec", encoder=str(encoder_dir), format="wikiann",
              mode="word", head="softmax", max_length=32, config=config, resume=False, progress=False)
     assert main(["train", "xner-evaluator", "--train", str(d / "src.txt"), "--dev", str(d / "dev.txt"),
-                 "--format", "wikiann", "--encoder", str(encoder_dir), "--out", str(d / "ev"), "--pairs", "400",
-                 "--dev-pairs", "100", "--max-length", "32", "--epochs", "2", "--batch-size", "16", "--lr", "1e-3",
-                 "--seed", "0", "--quiet"]) == 0
+                 "--format", "wikiann", "--encoder", str(encoder_dir), "--out", str(d / "ev"), "--pairs", "256",
+                 "--dev-pairs", "64", "--max-length", "32", "--epochs", "2", "--batch-size", "16", "--lr", "3e-3",
+                 "--eval-every", "1000", "--seed", "0", "--quiet"]) == 0
     return d
 
 
@@ -252,7 +252,7 @@ def test_teachers_learn_the_source(teachers):
     ev = zhie.load(teachers / "ev")
     assert ev.evaluate(read_ner(teachers / "dev.txt", "wikiann"))["accuracy"] > 0.7
     vectors = ev.predict(["Anna wohnt in Berlin ."])[0]
-    assert vectors.shape == (5, 64)
+    assert vectors.shape == (5, 32)
 
 
 def tags_of(pipe, texts: list[str]) -> list[int]:
@@ -263,8 +263,8 @@ def tags_of(pipe, texts: list[str]) -> list[int]:
 
 def test_a_tiny_student_copies_its_teacher(teachers, encoder_dir, tmp_path):
     distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", out=tmp_path / "student", format="wikiann",
-            encoder=str(encoder_dir), config=TrainConfig(epochs=3, batch_size=16, lr=2e-3, warmup=0.05, seed=0),
-            resume=False, progress=False)
+            encoder=str(encoder_dir), pairs=320, config=TrainConfig(epochs=3, batch_size=16, lr=5e-3, warmup=0.05,
+                                                                  seed=0), resume=False, progress=False)
     texts = [ex.text for ex in read_ner(teachers / "dev.txt", "wikiann")]
     teacher, student = tags_of(zhie.load(teachers / "rec"), texts), tags_of(zhie.load(tmp_path / "student"), texts)
     agreement = sum(a == b for a, b in zip(teacher, student)) / len(teacher)
