@@ -366,7 +366,7 @@ def test_best_dir_is_replaced_atomically(tmp_path):
 def test_config_is_validated():
     with pytest.raises(ValueError, match="warmup"):
         TrainConfig(warmup=10)
-    with pytest.raises(ValueError, match="mixed_precision"):
-        TrainConfig(mixed_precision="fp8")
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp8")
     with pytest.raises(ValueError, match="grad_accum"):
         TrainConfig(grad_accum=0)

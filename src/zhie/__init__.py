@@ -9,11 +9,11 @@ from zhie.version import __version__
 __all__ = ["__version__", "fit", "load"]
 
 
-def load(path, device=None):
+def load(path, device=None, precision="fp32"):
     """Load a model directory written by ``zhie train`` (see :func:`zhie.pipeline.load`)."""
     from zhie.pipeline import load as _load
 
-    return _load(path, device)
+    return _load(path, device, precision)
 
 
 def fit(task, train_path=None, dev_path=None, **kwargs):

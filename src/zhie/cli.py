@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-from zhie import pretrain, tasks
+from zhie import pretrain, stream, tasks
 from zhie.data import FORMATS, DataError
-from zhie.data.base import read_texts
 from zhie.files import atomic_write_text
+from zhie.precision import PRECISIONS
 
 
 def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -42,7 +42,10 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
                    help="ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
-    p.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="the encoder in bf16/fp16 under autocast (heads and losses stay fp32)")
+    p.add_argument("--mixed-precision", dest="precision", action=_MixedPrecision, choices=["no", "fp16", "bf16"],
+                   help="deprecated: use --precision (no = fp32)")
     tricks = p.add_argument_group("training options (zhie.training.TrainConfig)")
     tricks.add_argument("--adversarial", default=None, choices=["fgm", "pgd"],
                         help="adversarial training on the word embeddings")
@@ -58,13 +61,22 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+class _MixedPrecision(argparse.Action):
+    """The deprecated ``--mixed-precision no|fp16|bf16`` (accelerate's names): sets ``--precision``, with a warning."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        precision = "fp32" if value == "no" else value
+        print(f"zhie: warning: --mixed-precision is deprecated; use --precision {precision}", file=sys.stderr)
+        setattr(namespace, self.dest, precision)
+
+
 def _train_config(args):
     from zhie.training import TrainConfig
 
     return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
                        head_lr=args.head_lr, ema=args.ema, seed=args.seed,
                        warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
-                       eval_every=args.eval_every, mixed_precision=args.mixed_precision,
+                       eval_every=args.eval_every, precision=args.precision,
                        adversarial=args.adversarial, adv_epsilon=args.adv_epsilon, adv_alpha=args.adv_alpha,
                        adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd)
 
@@ -88,13 +100,18 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", default=None, help="a multi-task model: the member to score (its name)")
     ev.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     ev.add_argument("--json", default=None, help="also write the metrics to this JSON file")
-    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--batch-size", type=stream.positive_int, default=32)
+    stream.add_batching_flags(ev)
 
     pr = sub.add_parser("predict", help="predict with a trained model; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
-    pr.add_argument("texts", nargs="*", help="texts to process (or use --input)")
-    pr.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
-    pr.add_argument("--batch-size", type=int, default=32)
+    stream.add_prediction_flags(pr)
+    ray = pr.add_argument_group("Ray Data (the ray extra): --input PATH(S) of JSONL/text/Parquet, --output DIRECTORY")
+    ray.add_argument("--ray", action="store_true", help="predict with one model per Ray worker; sharded JSONL out")
+    ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
+    ray.add_argument("--ray-workers", type=stream.positive_int, default=None,
+                     help="model replicas (default: the cluster's GPUs, else 1)")
+    ray.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per worker")
 
     for cls in tasks.all_tasks():
         cls.add_commands(sub)
@@ -143,42 +160,53 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     import zhie
 
-    pipe = zhie.load(args.model)
+    pipe = zhie.load(args.model, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
-    metrics = pipe.evaluate(pipe.task.read(args.data, args.format), batch_size=args.batch_size)
+    metrics = pipe.evaluate(pipe.task.read(args.data, args.format), batch_size=args.batch_size,
+                            max_tokens=args.max_tokens)
     print(pipe.task.report(metrics))
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(metrics, ensure_ascii=False, indent=2))
 
 
-def input_texts(args) -> list[str]:
-    texts = list(args.texts) + (read_texts(args.input) if args.input else [])
-    if not texts:
-        raise ValueError(f"nothing to {args.command}: give texts as arguments or --input FILE")
-    return texts
-
-
 def cmd_predict(args) -> None:
+    """``zhie predict``: JSON lines ``{"text", OUTPUT_KEY}`` in input order, streamed chunk by chunk
+    (:mod:`zhie.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.ray_predict`)."""
     import zhie
 
-    texts = input_texts(args)
-    pipe = zhie.load(args.model)
+    if args.ray:
+        ray_predict = _extra("zhie.ray_predict", "ray")
+        ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
+                                  workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
+                                  batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines)
+        return
+    reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
+    pipe = zhie.load(args.model, precision=args.precision)
+    stream.write_lines(args.output, (prediction_lines(pipe, texts, args.batch_size, args.max_tokens)
+                                     for texts in stream.chunks(reader, args.chunk_lines)))
+    reader.report()
+
+
+def prediction_lines(pipe, texts: list[str], batch_size: int = 32, max_tokens: int | None = None) -> list[str]:
+    """The JSON lines of ``zhie predict`` for ``texts``, in their order."""
     task = pipe.task
-    for text, prediction in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
-        print(json.dumps({"text": text, task.output_key: task.to_json(prediction)}, ensure_ascii=False))
+    return [json.dumps({"text": text, task.output_key: task.to_json(prediction)}, ensure_ascii=False)
+            for text, prediction in zip(texts, pipe.predict(texts, batch_size=batch_size, max_tokens=max_tokens))]
 
 
 def cmd_task_command(args) -> None:
-    """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the handler."""
+    """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the handler on
+    the input's chunks (:mod:`zhie.stream`)."""
     import zhie
 
     cls, handler = args.task_command
-    texts = input_texts(args)
-    pipe = zhie.load(args.model)
+    reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
+    pipe = zhie.load(args.model, precision=args.precision)
     if not isinstance(pipe.task, cls):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a {cls.name} model")
-    handler(pipe, texts, args)
+    handler(pipe, stream.chunks(reader, args.chunk_lines), args)
+    reader.report()
 
 
 def cmd_demo(args) -> None:

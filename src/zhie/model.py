@@ -8,7 +8,9 @@ head documents its output type (:mod:`zhie.heads`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 
+import torch
 from torch import Tensor, nn
 
 __all__ = ["Model"]
@@ -21,6 +23,9 @@ class Model(nn.Module):
     encoder's ``hidden_states``, 0 = embeddings), the average of those layers (e.g. ``(1, -1)`` for
     first-last-avg pooling); the encoder is asked for all its layers only when a head needs them. ``heads`` (names)
     runs only those heads (a multi-task model scoring one task's batch); the result is the same dict, with those keys.
+
+    Under autocast (``--precision bf16|fp16``) only the encoder runs in half precision: the heads get its hidden states
+    in fp32 with autocast off, so their masks, decoding and the losses on their outputs stay in fp32.
     """
 
     def __init__(self, encoder: nn.Module, heads: Mapping[str, nn.Module]) -> None:
@@ -36,11 +41,13 @@ class Model(nn.Module):
         layers = {name: tuple(getattr(head, "layers", (-1,))) for name, head in chosen.items()}
         all_layers = any(ids != (-1,) for ids in layers.values())
         out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=all_layers)
+        half = torch.is_autocast_enabled(input_ids.device.type)
         outputs = {}
-        for name, head in chosen.items():
-            if layers[name] == (-1,):
-                hidden = out.last_hidden_state
-            else:
-                hidden = sum(out.hidden_states[i] for i in layers[name]) / len(layers[name])
-            outputs[name] = head(hidden, attention_mask)
+        with torch.autocast(input_ids.device.type, enabled=False) if half else nullcontext():
+            for name, head in chosen.items():
+                if layers[name] == (-1,):
+                    hidden = out.last_hidden_state
+                else:
+                    hidden = sum(out.hidden_states[i].float() for i in layers[name]) / len(layers[name])
+                outputs[name] = head(hidden.float() if half else hidden, attention_mask)
         return outputs

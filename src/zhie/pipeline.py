@@ -17,12 +17,17 @@ EXPORT_FILE = "export.json"  # zhie.export.EXPORT_FILE: an export directory (imp
 __all__ = ["Pipeline", "load"]
 
 
-def load(path: str | os.PathLike, device: str | None = None) -> Pipeline:
+def load(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:
     """The pipeline for the model saved in ``path`` (a directory written by ``zhie train``, or its run directory), or
-    for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU (:mod:`zhie.runtime`)."""
+    for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU (:mod:`zhie.runtime`).
+
+    ``precision``: ``fp32``, or ``bf16`` / ``fp16`` for the encoder under autocast (:mod:`zhie.precision`; on the CPU
+    too, where it saves memory more than time); an export runs in fp32 only."""
     meta = read_meta(path)
     cls = tasks.get(str(meta.get("task")))
     if (resolve_model_dir(path) / EXPORT_FILE).exists():
+        if precision != "fp32":
+            raise ValueError(f"{path} is an ONNX export, which runs in fp32; leave out --precision {precision}")
         if device not in (None, "cpu"):
             raise ValueError(f"{path} is an ONNX export; zhie runs exports on the CPU (device {device!r} asked)")
         from zhie.runtime import load_export
@@ -30,4 +35,4 @@ def load(path: str | os.PathLike, device: str | None = None) -> Pipeline:
         task, model = load_export(resolve_model_dir(path))
         return cls.pipeline_class(task, model, "cpu")
     task, model = cls.load(path)
-    return cls.pipeline_class(task, model, device)
+    return cls.pipeline_class(task, model, device, precision)

@@ -29,13 +29,18 @@ def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     """
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(path, lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
-            if lineno == 1:
-                line = line.removeprefix("\ufeff")
-            yield lineno, line.rstrip("\r\n")
+            yield lineno, decode_line(path, lineno, raw)
+
+
+def decode_line(path: PathLike, lineno: int, raw: bytes) -> str:
+    """Line ``lineno`` of ``path`` as read in binary, decoded, without its newline (and BOM on line 1)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(path, lineno, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    if lineno == 1:
+        line = line.removeprefix("\ufeff")
+    return line.rstrip("\r\n")
 
 
 def json_line(path: PathLike, lineno: int, line: str) -> dict:
@@ -52,15 +57,17 @@ def json_line(path: PathLike, lineno: int, line: str) -> dict:
 def read_texts(path: PathLike) -> list[str]:
     """One text per line, or JSON lines with a string field "text" (blank lines skipped); bad lines raise
     :class:`DataError`."""
-    texts = []
-    for lineno, line in iter_lines(path):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            record = json_line(path, lineno, line)
-            if not isinstance(record.get("text"), str):
-                raise DataError(path, lineno, "a JSON line needs a string field 'text'")
-            texts.append(record["text"])
-        else:
-            texts.append(line)
-    return texts
+    return [text for lineno, line in iter_lines(path) if (text := text_of_line(path, lineno, line)) is not None]
+
+
+def text_of_line(path: PathLike, lineno: int, line: str) -> str | None:
+    """The text of one line of :func:`read_texts`' input: the line, or its JSON object's string field "text"; None
+    for a blank line."""
+    if not line.strip():
+        return None
+    if not line.lstrip().startswith("{"):
+        return line
+    record = json_line(path, lineno, line)
+    if not isinstance(record.get("text"), str):
+        raise DataError(path, lineno, "a JSON line needs a string field 'text'")
+    return record["text"]

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from zhie.encoders import WeightsMismatchError, quiet_transformers
 from zhie.files import replace_dir
 from zhie.model import Model
+from zhie.precision import autocast
 from zhie.text import Encoding, TextTokenizer, reporting_window, windows
 from zhie.version import __version__
 
@@ -105,11 +106,24 @@ def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> 
     return out
 
 
-def sorted_batches(lengths: Sequence[int], batch_size: int) -> Iterator[list[int]]:
-    """Indices grouped into batches of similar length (longest first), for prediction."""
+def sorted_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> Iterator[list[int]]:
+    """Indices grouped into batches of similar length (longest first), for prediction: ``batch_size`` rows each, or,
+    with ``max_tokens``, as many rows as keep ``rows x longest length <= max_tokens`` (a row longer than
+    ``max_tokens`` alone in its batch); ``lengths`` are the rows' padded-to lengths (special tokens included)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    for i in range(0, len(order), batch_size):
-        yield order[i : i + batch_size]
+    if max_tokens is None:
+        yield from (order[i : i + batch_size] for i in range(0, len(order), batch_size))
+        return
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * lengths[batch[0]] > max_tokens:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
 def device_of(model: nn.Module) -> torch.device:
@@ -253,7 +267,9 @@ class Task:
         return TaskLoss(self)
 
     # ---------------------------------------------------------------------------------------- prediction, metrics
-    def predict(self, model: Model, texts: list[str], batch_size: int = 32) -> list:
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, max_tokens: int | None = None) -> list:
+        """One prediction per text, in input order; batches of ``batch_size`` texts, or of at most ``max_tokens``
+        padded tokens (:func:`sorted_batches`)."""
         raise NotImplementedError
 
     def to_json(self, prediction) -> object:
@@ -263,8 +279,8 @@ class Task:
     def score(self, examples: list, predictions: list) -> dict:
         raise NotImplementedError
 
-    def evaluate(self, model: Model, examples: list, batch_size: int = 32) -> dict:
-        return self.score(examples, self.predict(model, self.texts(examples), batch_size))
+    def evaluate(self, model: Model, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
+        return self.score(examples, self.predict(model, self.texts(examples), batch_size, max_tokens=max_tokens))
 
     def summary(self, metrics: dict) -> dict[str, float]:
         """The numbers of ``metrics`` logged after each epoch (``metric`` among them): its top-level floats."""
@@ -348,14 +364,16 @@ class TaskLoss(nn.Module):
 
 
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
-                     batch_size: int = 32) -> argparse.ArgumentParser:
+                     batch_size: int = 32, **flags) -> argparse.ArgumentParser:
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
-    checks that it is a ``task`` model, reads the texts and calls ``handler(pipeline, texts, args)``."""
+    checks that it is a ``task`` model and calls ``handler(pipeline, chunks, args)`` with the input's texts in lists
+    of ``--chunk-lines`` (read lazily: the handler writes each chunk's results before the next is read).
+    ``flags``: keywords of :func:`zhie.stream.add_prediction_flags` (``output_help``)."""
+    from zhie.stream import add_prediction_flags
+
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
-    p.add_argument("texts", nargs="*", help="texts (or use --input)")
-    p.add_argument("--input", default=None, help="one text per line, or JSON lines with a 'text' field")
-    p.add_argument("--batch-size", type=int, default=batch_size)
+    add_prediction_flags(p, batch_size, **flags)
     p.set_defaults(task_command=(task, handler))
     return p
 
@@ -389,19 +407,33 @@ class Evaluator:
 
 
 class Pipeline:
-    """A trained model and its task: ``zhie.load(DIR).predict(texts)``; on the GPU if there is one."""
+    """A trained model and its task: ``zhie.load(DIR).predict(texts)``; on the GPU if there is one.
 
-    def __init__(self, task: Task, model: Model, device: str | None = None) -> None:
+    ``precision`` (``fp32``, ``bf16``, ``fp16``): the encoder's precision in ``predict`` and ``evaluate``
+    (:mod:`zhie.precision`; decoding stays fp32).
+    """
+
+    def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:
         self.task, self.model = task, model
         self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.precision = precision
+        self.autocast()  # an unknown precision, or one the device lacks, fails here
 
-    def predict(self, texts: list[str] | str, batch_size: int = 32) -> list:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context the model runs in: autocast to ``precision`` on the model's device (nothing for fp32)."""
+        return autocast(self.precision, device_of(self.model))
+
+    def predict(self, texts: list[str] | str, batch_size: int = 32, max_tokens: int | None = None) -> list:
         """One prediction per text, in input order (a single string counts as a list of one); the type of a
-        prediction is the task's (see its ``predict``)."""
-        return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size)
+        prediction is the task's (see its ``predict``). ``max_tokens``: batches of at most that many padded tokens
+        over length-sorted texts instead of ``batch_size`` texts."""
+        with self.autocast():
+            return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
+                                     max_tokens=max_tokens)
 
-    def evaluate(self, examples: list, batch_size: int = 32) -> dict:
-        return self.task.evaluate(self.model, examples, batch_size)
+    def evaluate(self, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
+        with self.autocast():
+            return self.task.evaluate(self.model, examples, batch_size, max_tokens=max_tokens)
 
     def member(self, name: str) -> Pipeline:
         """The pipeline of the member task ``name`` of a multi-task model (``zhie eval --task``); a single-task model
@@ -443,10 +475,11 @@ class WindowedTask(Task):
     def decode(self, model: Model, outputs: dict, attention_mask: Tensor) -> list[list]:
         raise NotImplementedError
 
-    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None) -> list:
-        """One prediction per text, in input order (long texts through overlapping windows); ``timings`` as in
-        :meth:`window_hits`."""
-        return self.from_hits(texts, self.reported_hits(model, texts, batch_size, timings))
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None,
+                max_tokens: int | None = None) -> list:
+        """One prediction per text, in input order (long texts through overlapping windows); ``timings`` and
+        ``max_tokens`` as in :meth:`window_hits`."""
+        return self.from_hits(texts, self.reported_hits(model, texts, batch_size, timings, max_tokens))
 
     def from_hits(self, texts: list[str], hits: Iterable[tuple[int, Encoding, int, Any]]) -> list:
         """The predictions of ``texts`` from their reported hits (:meth:`reported_hits`); ``predict`` is
@@ -454,9 +487,10 @@ class WindowedTask(Task):
         raise NotImplementedError
 
     @torch.no_grad()
-    def window_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
-                    ) -> Iterator[tuple[int, Encoding, list[tuple[int, int]], int, list]]:
-        """Run the model over every window of every text, longest first; yield ``(text index, encoding, the text's
+    def window_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None,
+                    max_tokens: int | None = None) -> Iterator[tuple[int, Encoding, list[tuple[int, int]], int, list]]:
+        """Run the model over every window of every text, longest first, in batches of ``batch_size`` windows or of
+        at most ``max_tokens`` padded tokens (:func:`sorted_batches`); yield ``(text index, encoding, the text's
         windows, window index, the window's hits)``.
 
         ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
@@ -468,7 +502,9 @@ class WindowedTask(Task):
         cuts = [windows(len(enc), size, overlap) if len(enc) else [] for enc in encodings]
         jobs = [(i, w) for i, wins in enumerate(cuts) for w in range(len(wins))]
         tt = self.text_tokenizer
-        for batch_jobs in sorted_batches([cuts[i][w][1] - cuts[i][w][0] for i, w in jobs], batch_size):
+        specials = len(tt.model_input([]))
+        lengths = [cuts[i][w][1] - cuts[i][w][0] + specials for i, w in jobs]
+        for batch_jobs in sorted_batches(lengths, batch_size, max_tokens):
             rows = [tt.model_input(encodings[i].ids[slice(*cuts[i][w])]) for i, w in (jobs[j] for j in batch_jobs)]
             batch = model_inputs(rows, tt.pad_id)
             mask = batch["attention_mask"].to(device)
@@ -485,10 +521,10 @@ class WindowedTask(Task):
                 i, w = jobs[j]
                 yield i, encodings[i], cuts[i], w, row
 
-    def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None
-                      ) -> Iterator[tuple[int, Encoding, int, Any]]:
+    def reported_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None,
+                      max_tokens: int | None = None) -> Iterator[tuple[int, Encoding, int, Any]]:
         """``(text index, encoding, window start, hit)`` for each hit that its window reports (so each once)."""
-        return self.reported(self.window_hits(model, texts, batch_size, timings))
+        return self.reported(self.window_hits(model, texts, batch_size, timings, max_tokens))
 
     def reported(self, window_hits: Iterable[tuple[int, Encoding, list[tuple[int, int]], int, list]]
                  ) -> Iterator[tuple[int, Encoding, int, Any]]:

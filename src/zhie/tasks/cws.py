@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from zhie.data import NerExample
 from zhie.data.cws import read_segmented
 from zhie.metrics import segmentation_prf
 from zhie.spans import Span
+from zhie.stream import write_lines
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, add_text_command, only_auto_format
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
@@ -126,7 +128,8 @@ class CwsTask(NerTask):
 
     @classmethod
     def add_commands(cls, commands) -> None:
-        p = add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", segment)
+        p = add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", segment,
+                             output_help="write the lines to this file (all or nothing) instead of stdout")
         p.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
 
     def save_files(self, directory: Path, prefix: str = "") -> None:
@@ -138,10 +141,15 @@ class CwsTask(NerTask):
         self.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
 
 
-def segment(pipe: SegmenterPipeline, texts: list[str], args) -> None:
-    """``zhie segment``: words separated by two spaces, or JSON lines with ``--json``."""
-    for text, words in zip(texts, pipe.predict(texts, batch_size=args.batch_size)):
+def segment(pipe: SegmenterPipeline, chunks: Iterable[list[str]], args) -> None:
+    """``zhie segment``: words separated by two spaces, or JSON lines with ``--json``; chunk by chunk, in input
+    order."""
+
+    def lines(texts: list[str]) -> list[str]:
+        words = pipe.predict(texts, batch_size=args.batch_size, max_tokens=args.max_tokens)
         if args.json:
-            print(json.dumps({"text": text, "words": pipe.task.to_json(words)}, ensure_ascii=False))
-        else:
-            print("  ".join(s.text for s in words if not s.text.isspace()))
+            return [json.dumps({"text": t, "words": pipe.task.to_json(w)}, ensure_ascii=False)
+                    for t, w in zip(texts, words)]
+        return ["  ".join(s.text for s in w if not s.text.isspace()) for w in words]
+
+    write_lines(args.output, map(lines, chunks))

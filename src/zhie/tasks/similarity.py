@@ -17,6 +17,7 @@ import json
 import os
 import random
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +27,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from zhie.data.sts import Pair, read_pairs
-from zhie.files import atomic_write
 from zhie.heads import POOLINGS, Pooling
 from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
 from zhie.metrics import spearman
 from zhie.multitask.priors import cosent_prior
+from zhie.stream import write_lines, write_npy
 from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,
@@ -82,9 +83,12 @@ class SentencePipeline(Pipeline):
     """A trained sentence encoder: ``predict``/``encode(texts)`` return a numpy array of vectors,
     ``similarity(a, b)`` the cosine of sentence pairs."""
 
-    def encode(self, texts: list[str] | str, batch_size: int = 64, normalize: bool = True) -> np.ndarray:
+    def encode(self, texts: list[str] | str, batch_size: int = 64, normalize: bool = True,
+               max_tokens: int | None = None) -> np.ndarray:
         """``[n, hidden]`` float32 (one row for a single string: ``[1, hidden]``), in input order."""
-        return self.task.embed(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size, normalize)
+        with self.autocast():
+            return self.task.embed(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
+                                   normalize, max_tokens)
 
     def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray:
         """``[n]`` cosines of ``a[i]`` and ``b[i]`` (a single string counts as a list of one)."""
@@ -188,39 +192,41 @@ class SimilarityTask(Task):
         return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else TaskLoss(self)
 
     @torch.no_grad()
-    def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True) -> np.ndarray:
-        """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``)."""
+    def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True,
+              max_tokens: int | None = None) -> np.ndarray:
+        """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``); batches
+        as in :func:`sorted_batches`."""
         model.eval()
         device = device_of(model)
         ids = self.token_ids(texts)
         out = np.zeros((len(texts), model.encoder.config.hidden_size), dtype=np.float32)
-        for batch_idx in sorted_batches([len(r) for r in ids], batch_size):
+        for batch_idx in sorted_batches([len(r) for r in ids], batch_size, max_tokens):
             batch = model_inputs([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
             vectors = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                             heads=[self.head_name])[self.head_name]
             if normalize:
                 vectors = F.normalize(vectors, dim=-1)
-            out[batch_idx] = vectors.cpu().numpy()
+            out[batch_idx] = vectors.float().cpu().numpy()
         return out
 
-    def predict(self, model, texts: list[str], batch_size: int = 64) -> np.ndarray:
-        return self.embed(model, texts, batch_size, normalize=True)
+    def predict(self, model, texts: list[str], batch_size: int = 64, max_tokens: int | None = None) -> np.ndarray:
+        return self.embed(model, texts, batch_size, normalize=True, max_tokens=max_tokens)
 
     def to_json(self, prediction: np.ndarray) -> list[float]:
         return [round(float(x), 6) for x in prediction]
 
-    def evaluate(self, model, pairs: list[Pair], batch_size: int = 64) -> dict:
+    def evaluate(self, model, pairs: list[Pair], batch_size: int = 64, max_tokens: int | None = None) -> dict:
         texts = list(dict.fromkeys(self.texts(pairs)))
         row = {t: i for i, t in enumerate(texts)}
-        vectors = self.embed(model, texts, batch_size, normalize=True)
+        vectors = self.embed(model, texts, batch_size, normalize=True, max_tokens=max_tokens)
         cos = [float(vectors[row[p.text_a]] @ vectors[row[p.text_b]]) for p in pairs]
         return {"spearman": spearman(cos, [p.label for p in pairs]), "pairs": len(pairs)}
 
     @classmethod
     def add_commands(cls, commands) -> None:
         p = add_text_command(commands, cls, "embed", "sentence vectors from a trained sentence-embedding model",
-                             embed, batch_size=64)
-        p.add_argument("--output", default=None, help="write a [n, hidden] float32 .npy file instead of JSON lines")
+                             embed, batch_size=64,
+                             output_help="write a [n, hidden] float32 .npy file (all or nothing) instead of JSON lines")
         p.add_argument("--no-normalize", action="store_true", help="raw pooled vectors, not L2-normalised")
 
     @classmethod
@@ -229,12 +235,17 @@ class SimilarityTask(Task):
         return meta, rename_weights(weights, {"classifier.": None})
 
 
-def embed(pipe: SentencePipeline, texts: list[str], args) -> None:
-    """``zhie embed``: JSON lines with the vectors, or a ``.npy`` file with ``--output``."""
-    vectors = pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize)
+def embed(pipe: SentencePipeline, chunks: Iterable[list[str]], args) -> None:
+    """``zhie embed``: JSON lines with the vectors, or a ``.npy`` file with ``--output``; chunk by chunk, in input
+    order."""
+
+    def vectors(texts: list[str]) -> np.ndarray:
+        return pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize,
+                           max_tokens=args.max_tokens)
+
     if args.output:
-        atomic_write(Path(args.output), lambda f: np.save(f, vectors))
-        print(f"{args.output}: {vectors.shape[0]} x {vectors.shape[1]} float32", file=sys.stderr)
+        rows, width = write_npy(args.output, map(vectors, chunks))
+        print(f"{args.output}: {rows} x {width} float32", file=sys.stderr)
     else:
-        for text, v in zip(texts, vectors):
-            print(json.dumps({"text": text, "embedding": pipe.task.to_json(v)}, ensure_ascii=False))
+        write_lines(None, ([json.dumps({"text": t, "embedding": pipe.task.to_json(v)}, ensure_ascii=False)
+                            for t, v in zip(texts, vectors(texts))] for texts in chunks))

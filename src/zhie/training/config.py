@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zhie.precision import check_precision
+
 __all__ = ["TrainConfig"]
 
-_MIXED_PRECISION = ("no", "fp16", "bf16")
 ADVERSARIAL = ("fgm", "pgd")
 
 
@@ -43,7 +44,7 @@ class TrainConfig:
     patience: int | None = None       # early stopping: stop after this many evaluations without improvement
     eval_every: int | None = None     # evaluate every N optimizer steps; None -> after each epoch
     save_every: int | None = None     # resumable checkpoint every N optimizer steps (and always at each epoch end)
-    mixed_precision: str = "no"       # passed to accelerate ("no", "fp16", "bf16")
+    precision: str = "fp32"           # "fp32", or the encoder in "bf16" / "fp16" (zhie.precision; losses in fp32)
     adversarial: str | None = None    # "fgm" or "pgd": adversarial training on the input embeddings
     adv_epsilon: float = 1.0          # FGM: norm of the perturbation; PGD: radius of the ball it is kept in
     adv_alpha: float = 0.3            # PGD: norm of each ascent step
@@ -85,6 +86,4 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.rdrop is R-Drop's alpha >= 0 (or None), got {self.rdrop}")
         if self.llrd is not None and not 0.0 < self.llrd <= 1.0:
             raise ValueError(f"TrainConfig.llrd is a decay in (0, 1] such as 0.9 (or None), got {self.llrd}")
-        if self.mixed_precision not in _MIXED_PRECISION:
-            raise ValueError(f"TrainConfig.mixed_precision must be one of {_MIXED_PRECISION}, "
-                             f"got {self.mixed_precision!r}")
+        check_precision(self.precision)

@@ -5,7 +5,8 @@ of them into a dict of tensors, and ``loss_fn(model, batch) -> scalar``. It adds
 own learning rates, AdamW with linear warm-up/decay, gradient accumulation and clipping, length-grouped
 batches, EMA weights, evaluation with best-model saving and early stopping, metric logging and a plot, and
 checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks, same
-weights). Device placement, mixed precision and DDP come from :mod:`accelerate`.
+weights). Device placement, mixed precision (``config.precision``: the encoder in bf16/fp16 under autocast, the heads
+and losses in fp32, see :class:`zhie.model.Model`) and DDP come from :mod:`accelerate`.
 
 Several processes (``torchrun`` / ``accelerate launch``): each step's global batch of ``batch_size x processes``
 items (the batch one process would draw with that size) is cut into one slice per process, so N processes with
@@ -28,6 +29,8 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from zhie.precision import accelerate_precision
 
 from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
@@ -172,7 +175,8 @@ def train(
 
     # Without a GPU, accelerate joins the processes of a launch (over gloo) only when told that the run is on CPU;
     # else each process would train alone.
-    accelerator = Accelerator(mixed_precision=config.mixed_precision, step_scheduler_with_optimizer=False,
+    accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
+                              step_scheduler_with_optimizer=False,
                               cpu=world_size() > 1 and not torch.cuda.is_available())
     if accelerator.num_processes != world_size():
         raise RuntimeError(f"launched as {world_size()} processes, but accelerate found no way to run them together "
