@@ -15,8 +15,9 @@ the only python loops are over time steps, with a few small ops per step and no 
   pass (the backward recursion and the marginals) instead of autograd through every step. It is exact in fp32 when
   the transitions and end scores each span at most ``_SCALED_RANGE`` nats (any trained CRF); beyond that (e.g.
   ``-inf`` entries) the plain log-space recursion runs instead, so the result never underflows.
-* Viterbi (decoding): on the host after one copy of the emissions, keeping only the running scores; the backtrace
-  recomputes each step's argmax for the one tag on the path (``[b, L]`` instead of storing ``[b, n, L]`` pointers).
+* Viterbi (decoding): on the host after one copy of the emissions, tag-major (the batch is the contiguous axis), keeping
+  only the running scores; the backtrace recomputes each step's argmax for the one tag on the path (``[L, b]`` per
+  step instead of storing ``[n, b, L]`` pointers).
 
 Larger learning rate for the transitions (spec §8.1): the module carries its multiplier (``lr_multiplier``) and
 says which of its parameters it applies to (:meth:`CRF.lr_multipliers`); :func:`zhie.training.build_param_groups`
@@ -223,8 +224,9 @@ class _ScaledLogPartition(torch.autograd.Function):
         with torch.autocast(em.device.type, enabled=False):
             b, n, L = em.shape
             em = em.masked_fill(~mask.unsqueeze(-1), 0.0).transpose(0, 1)  # [n, b, L]; padded steps: any finite
-            k = torch.exp(trans - trans.amax(0))
-            x = em + trans.amax(0)
+            c = trans.amax(0)
+            k = torch.exp(trans - c)
+            x = em + c
             m = x.amax(-1, keepdim=True)  # [n, b, 1]
             e = torch.exp(x - m)
             alpha0 = em[0] + start
@@ -232,10 +234,11 @@ class _ScaledLogPartition(torch.autograd.Function):
             p = em.new_empty(n, b, L)
             z = em.new_ones(n, b, 1)
             torch.exp(alpha0 - m[0], out=p[0])
+            p_, z_, e_ = p.unbind(0), z.unbind(0), e.unbind(0)  # views made once: indexing in the loop costs
             for t in range(1, n):
-                q = torch.mm(p[t - 1], k, out=p[t]).mul_(e[t])
-                torch.sum(q, -1, keepdim=True, out=z[t])
-                q.div_(z[t])
+                q = torch.mm(p_[t - 1], k, out=p_[t]).mul_(e_[t])
+                torch.sum(q, -1, keepdim=True, out=z_[t])
+                q.div_(z_[t])
             steps = mask.t().unsqueeze(-1)  # [n, b, 1]
             last = mask.sum(1) - 1
             rows = torch.arange(b, device=em.device)
@@ -254,9 +257,10 @@ class _ScaledLogPartition(torch.autograd.Function):
             r_end = (exp_end / exp_end.sum()).expand(b, L)
             r[n - 1] = r_end
             before_last = (torch.arange(n, device=p.device)[:, None] < last).unsqueeze(-1)  # [n, b, 1]
+            r_, e_, before_last_, k_t = r.unbind(0), e.unbind(0), before_last.unbind(0), k.t()
             for t in range(n - 1, 0, -1):
-                back = torch.mm(e[t] * r[t], k.t())
-                torch.where(before_last[t - 1], back / back.sum(-1, keepdim=True), r_end, out=r[t - 1])
+                back = torch.mm(e_[t] * r_[t], k_t)
+                torch.where(before_last_[t - 1], back / back.sum(-1, keepdim=True), r_end, out=r_[t - 1])
             pr = p * r
             norm = pr.sum(-1, keepdim=True)  # [n, b, 1]
             weight = grad.float().view(1, b, 1) * steps
@@ -270,24 +274,30 @@ def _viterbi(em: Tensor, mask: Tensor, trans: Tensor, start: Tensor, end: Tensor
     """Viterbi on host tensors ``em [b, n, L]``, right-padded ``mask [b, n]`` -> ``(tags [b, n], best [b])``.
 
     Forward: ``delta_0 = start + e_0``, ``delta_t(j) = max_i(delta_{t-1}(i) + T[i, j]) + e_t(j)``, kept for every
-    step (``[n, b, L]``, each row read at its own last real step). Backtrace from ``argmax_j(delta_last(j) + end(j))``:
-    the tag before ``j`` at step ``t`` is ``argmax_i(delta_{t-1}(i) + T[i, j])``, the same fp32 sums as the max.
+    step and each row read at its own last real step. Tag-major layout (``delta [n, L, b]``): the batch is the
+    contiguous axis, so each step is one ``[L, L, b]`` add and a max over its outer axis, vectorised over the batch.
+    Backtrace from ``argmax_j(delta_last(j) + end(j))``: the tag before ``j`` at step ``t`` is
+    ``argmax_i(delta_{t-1}(i) + T[i, j])``, the same fp32 sums as the max.
     """
     b, n, L = em.shape
-    to_from = trans.t().contiguous()  # [j, i]: the max over predecessors runs along the contiguous axis
-    delta = em.new_empty(n, b, L)
-    torch.add(em[:, 0], start, out=delta[0])
+    em = em.permute(1, 2, 0).contiguous()  # [n, L, b]
+    delta = torch.empty_like(em)
+    scores = em.new_empty(L, L, b)  # [i, j, b]: delta_{t-1}(i) + T[i, j]
+    trans_ijb = trans.unsqueeze(2)  # [i, j, 1]
+    torch.add(em[0], start[:, None], out=delta[0])
+    delta_, em_ = delta.unbind(0), em.unbind(0)
     for t in range(1, n):
-        torch.add((delta[t - 1].unsqueeze(1) + to_from).amax(-1), em[:, t], out=delta[t])
+        torch.add(delta_[t - 1].unsqueeze(1), trans_ijb, out=scores)
+        torch.add(scores.amax(0), em_[t], out=delta_[t])
     lengths = mask.sum(1)
-    best, tag = (delta[lengths - 1, torch.arange(b)] + end).max(-1)
+    best, tag = (delta[lengths - 1, :, torch.arange(b)] + end).max(-1)
 
-    delta_np, to_from_np, real = delta.numpy(), to_from.numpy(), (lengths[None, :] > torch.arange(n)[:, None]).numpy()
+    delta_np, trans_np, real = delta.numpy(), trans.numpy(), (lengths[None, :] > torch.arange(n)[:, None]).numpy()
     tags = np.full((n, b), -1, dtype=np.int64)
     tag = tag.numpy()
     for t in range(n - 1, 0, -1):
         tags[t] = np.where(real[t], tag, -1)
-        tag = np.where(real[t], (delta_np[t - 1] + to_from_np[tag]).argmax(-1), tag)
+        tag = np.where(real[t], (delta_np[t - 1] + trans_np[:, tag]).argmax(0), tag)
     tags[0] = tag
     return torch.from_numpy(tags).t(), best
 
