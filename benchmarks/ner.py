@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from common import DATA, append_result, machine, peak_memory_mb
+from roofline import flops_per_token, matmul_peak, roofline, window_tokens
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
@@ -47,14 +48,19 @@ def dataset_files(name: str, out: Path) -> tuple[Path, Path]:
 
 
 def prediction_speed(model_dir: Path, texts: list[str], batch_size: int) -> dict:
+    """Sentences/s, the shares of the encoder and of decoding, and the encoder's roofline figures (fp32 FLOPs over
+    the windows' real tokens against the device's fp32 matmul peak measured here, benchmarks/roofline.py)."""
     pipe = zhie.load(model_dir)
     pipe.predict(texts[:batch_size], batch_size=batch_size)  # warm-up
     timings: dict = {}
     start = time.perf_counter()
     pipe.task.predict(pipe.model, texts, batch_size, timings=timings)
     total = time.perf_counter() - start
+    tokens = window_tokens(pipe.task, texts)
+    peak = matmul_peak(next(pipe.model.parameters()).device)
     return {"predict_sent_per_s": len(texts) / total, "decode_share": timings["decode_s"] / total,
-            "model_share": timings["model_s"] / total}
+            "model_share": timings["model_s"] / total, "predict_tokens_per_s": sum(tokens) / total,
+            **roofline(flops_per_token(pipe.model.encoder.config, tokens), sum(tokens) / total, peak)}
 
 
 def run(args) -> dict:

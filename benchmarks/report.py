@@ -48,14 +48,46 @@ def hf_table() -> str:
 
 
 def speed_table() -> str:
-    lines = ["| dataset | model | predict sent/s | decode share | model share | machine, date |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| dataset | model | predict sent/s | decode share | model share | encoder GFLOP/s (% of peak) "
+             "| machine, date |", "|---|---|---|---|---|---|---|"]
     for r in rows("ner.jsonl"):
         if r.get("speed"):
             lines.append(f"| {r['dataset']} | {'/'.join(r['model'].split('/')[-2:])} | {r['predict_sent_per_s']:.0f} | "
-                         f"{100 * r['decode_share']:.1f}% | {100 * r['model_share']:.1f}% | "
+                         f"{100 * r['decode_share']:.1f}% | {100 * r['model_share']:.1f}% | {flops(r)} | "
                          f"{r['machine']}, {r['date']} |")
     return "\n".join(lines)
+
+
+def flops(r: dict) -> str:
+    """Achieved GFLOP/s and its share of the measured peak (benchmarks/roofline.py), or – for older rows."""
+    if "achieved_tflops" not in r:
+        return "–"
+    return f"{1e3 * r['achieved_tflops']:,.1f} of {1e3 * r['peak_tflops']:,.0f} ({100 * r['share_of_peak']:.0f}%)"
+
+
+def peers_tables() -> str:
+    """benchmarks/peers.py: CRF against pytorch-crf, prediction against the HF pipeline, training tokens/s."""
+    crf = ["| what | batch × steps × tags | zhie ms | pytorch-crf ms | speed-up | same results "
+           "| clock, machine, date |", "|---|---|---|---|---|---|---|"]
+    predict = ["| framework | texts (tokens) | sent/s | tokens/s | encoder FLOPs/token | GFLOP/s of peak (%) "
+               "| clock, machine, date |", "|---|---|---|---|---|---|---|"]
+    train = ["| framework | steps timed (tokens) | tokens/s | zhie's speed-up | GFLOP/s of peak (%) "
+             "| clock, machine, date |", "|---|---|---|---|---|---|"]
+    for r in rows("peers.jsonl"):
+        where = f"{r['clock']}, {r['machine']}, {r['date']}"
+        if r["part"] == "crf":
+            same = "yes" if r["same_log_likelihood"] and r["same_paths"] else "NO"
+            crf.append(f"| {r['what']} | {r['batch']} × {r['steps']} × {r['tags']} | {r['zhie_ms']:.2f} | "
+                       f"{r['pytorch_crf_ms']:.2f} | {r['speedup']:.1f}× | {same} | {where} |")
+        elif r["part"] == "predict":
+            predict.append(f"| {r['framework']} | {r['texts']} ({r['tokens']:,}) | {r['sent_per_s']:.1f} | "
+                           f"{r['tokens_per_s']:,.0f} | {r['flops_per_token'] / 1e6:.1f} M | {flops(r)} | {where} |")
+        elif "error" in r:
+            train.append(f"| {r['framework']} | failed: {r['error'][-80:]!r} | | | | {where} |")
+        else:
+            train.append(f"| {r['framework']} | {r['steps_timed']} ({r['tokens_timed']:,}) | {r['tokens_per_s']:.0f} | "
+                         f"{r.get('zhie_speedup', 0):.2f}× | {flops(r)} | {where} |")
+    return "\n".join(crf) + "\n\n" + "\n".join(predict) + "\n\n" + "\n".join(train)
 
 
 def relation_tables() -> str:
@@ -139,4 +171,4 @@ if __name__ == "__main__":
     print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
           "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
-          "\n\n## Depth\n\n" + depth_table())
+          "\n\n## Depth\n\n" + depth_table() + "\n\n## Peers and roofline\n\n" + peers_tables())
