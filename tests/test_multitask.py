@@ -202,3 +202,97 @@ def test_each_scheme_trains_and_logs_its_weights(data_dir, tmp_path, scheme, ext
             assert rows[0]["weights"] == {"ner": 0.5, "seg": 0.5}
         if scheme == "prior":  # 1 / L_i^prior, fixed
             assert w == rows[0]["weights"]
+
+
+# ------------------------------------------------------------------------------------------ sampling, MGDA-UB, paths
+def _config(data_dir, tmp_path, scheme: str, extra: str = "", tail: str = "") -> object:
+    config = tmp_path / "mt.toml"
+    config.write_text(CONFIG.format(scheme=scheme, extra=extra).replace('"ner.json"', f'"{data_dir}/ner.json"')
+                      .replace('"cws.txt"', f'"{data_dir}/cws.txt"') + tail, encoding="utf-8")
+    return config
+
+
+@needs_data
+@pytest.mark.parametrize("mode, scheme", [("proportional", "real-time"), ("temperature", "uncertainty")])
+def test_sampled_steps_draw_one_member_each_with_its_probability(data_dir, tmp_path, mode, scheme):
+    config = _config(data_dir, tmp_path, scheme, tail=f'\n[sampling]\nmode = "{mode}"\ntemperature = 2.0\n')
+    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+             config=TrainConfig(epochs=100, max_steps=40, batch_size=8, lr=1e-3), resume=False,
+             progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    rows = [row for r in records for row in r["per_batch"]]
+    assert len(rows) == 40 and all(len(row["losses"]) == len(row["weights"]) == 1 for row in rows)
+    if scheme == "real-time":  # the sampled member's own weight, 1 / L_i
+        assert all(math.prod(row["weights"].values()) * math.prod(row["losses"].values()) == pytest.approx(1, rel=1e-5)
+                   for row in rows)
+    pipe = zhie.load(tmp_path / "run")
+    c = pipe.task.config
+    assert (c.sampling, c.temperature) == (mode, 2.0)
+    n = [48, 48]  # one item per sentence in both members; a sampling weight replaces the count
+    assert c.probabilities(n) == pytest.approx([0.5, 0.5])
+    c.members[0]["sampling_weight"] = 9.0
+    t = 1.0 if mode == "proportional" else 2.0
+    assert c.probabilities(n)[0] == pytest.approx(9 ** (1 / t) / (9 ** (1 / t) + 48 ** (1 / t)))
+    seen = {name for row in rows for name in row["losses"]}
+    assert seen == {"ner", "seg"}
+
+
+@needs_data
+@pytest.mark.parametrize("tail, message", [
+    ('\n[sampling]\nmode = "temperature"\n', "the mgda scheme needs every task's loss"),
+    ('\n[sampling]\nmode = "round-robin"\n', "sampling.mode: 'round-robin' is not one of"),
+    ('\n[sampling]\ntemperature = 0\n', "sampling.temperature: expected a positive number"),
+    ('\n[sampling]\nshuffle = true\n', "sampling.shuffle: not a key of"),
+])
+def test_sampling_errors_name_the_key(data_dir, tmp_path, tail, message):
+    config = _config(data_dir, tmp_path, "mgda", tail=tail)
+    with pytest.raises(ConfigError, match="mt.toml: " + message):
+        zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+                 config=TrainConfig(max_steps=1), resume=False, progress=False)
+
+
+def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
+    from zhie.multitask.weighting import MGDA
+    from zhie.tasks.multitask import MultiTaskLoss
+
+    torch = pytest.importorskip("torch")
+    h1, h2 = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)
+    losses = torch.stack([(h1 ** 2).sum(), (h2 * 3).sum()])
+    g = MultiTaskLoss.gradients(losses, [[h1], [h2]])
+    assert g.shape == (2, 20)
+    assert torch.allclose(g[0, :12], 2 * h1.detach().reshape(-1)) and torch.all(g[0, 12:] == 0)
+    assert torch.allclose(g[1, 12:], torch.full((8,), 3.0)) and torch.all(g[1, :12] == 0)
+    # MGDA on orthogonal gradients: α_i ∝ 1/‖g_i‖²
+    inverse = 1 / g.norm(dim=1) ** 2
+    assert torch.allclose(MGDA().weights(losses, g), inverse / inverse.sum(), atol=1e-6)
+    shared = torch.randn(5, requires_grad=True)
+    both = torch.stack([(shared ** 2).sum(), shared.sum()])
+    assert torch.allclose(MultiTaskLoss.gradients(both, [[shared], [shared]]),
+                          torch.stack([2 * shared.detach(), torch.ones(5)]))
+
+
+@needs_data
+def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(data_dir, tmp_path):
+    config = _config(data_dir, tmp_path, "mgda", extra='gradients = "encoder-output"')
+    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+             config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
+    rows = [row for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+            for row in json.loads(line)["per_batch"]]
+    assert len(rows) == 3 and all(sum(row["weights"].values()) == pytest.approx(1, abs=1e-5) for row in rows)
+    assert zhie.load(tmp_path / "run").task.config.gradients == "encoder-output"
+
+
+@needs_data
+def test_a_relation_members_schema_path_is_relative_to_the_config(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub/schema.json").write_text((DATA / "re/cmeie/schema.json").read_text(encoding="utf-8"))
+    text = (f'[[tasks]]\nname = "re"\ntask = "re"\ntrain = "{DATA}/re/cmeie/dev.jsonl"\n'
+            f'dev = "{DATA}/re/cmeie/dev.jsonl"\noptions = {{schema = "schema.json"}}\n\n'
+            f'[[tasks]]\nname = "seg"\ntask = "cws"\ntrain = "{DATA}/cws/sxu/test.txt"\n'
+            f'dev = "{DATA}/cws/sxu/test.txt"\n')
+    (tmp_path / "sub/mt.toml").write_text(text, encoding="utf-8")
+    specs, _ = read_config(tmp_path / "sub/mt.toml")
+    assert specs[0].options["schema"] == str(tmp_path / "sub/schema.json")
+    (tmp_path / "sub/mt.toml").write_text(text.replace("schema.json", "nope.json"), encoding="utf-8")
+    with pytest.raises(ConfigError, match="task 're': options.schema: .*nope.json does not exist"):
+        read_config(tmp_path / "sub/mt.toml")

@@ -214,9 +214,11 @@ class UncertaintyWeighting(nn.Module):
         super().__init__()
         self.log_var = nn.Parameter(torch.zeros(tasks))
 
-    def forward(self, losses: Tensor) -> Tensor:
+    def forward(self, losses: Tensor, present: Tensor | None = None) -> Tensor:
+        """The objective over the tasks ``present`` (a bool mask; default all: a sampled step has one task)."""
         s = self.log_var
-        return (torch.exp(-s) * losses.float() / 2 + s / 2).sum()
+        terms = torch.exp(-s) * losses.float() / 2 + s / 2
+        return (terms if present is None else terms[present]).sum()
 
     def weights(self) -> Tensor:
         """The current ``α_i = exp(-s_i) / 2`` (for logging)."""

@@ -13,18 +13,40 @@ The config (TOML; YAML too when PyYAML is installed) lists the member tasks and 
     train = "cluener/train.json"   # relative to the config file
     dev = "cluener/dev.json"
     batch_size = 16             # optional; default --batch-size
-    options = {head = "egp", max_length = 128}   # the task's own `zhie train TASK` flags
+    options = {head = "egp", max_length = 128}   # the task's own `zhie train TASK` flags (paths: relative to the file)
+    sampling_weight = 2.0       # optional; sampled steps only (below)
 
-Training: every step sees every task. The loop's items are steps (``batch_size`` 1 for the loop); each step draws one
-batch from every member at random (``batch_size`` items without replacement inside the batch, from torch's generator,
-whose state the checkpoint keeps: a resumed run draws the same batches, and each process draws its own). An epoch is
-``S = max_i ⌈n_i / b_i⌉`` steps (one pass over the largest member in expectation). The objective runs the shared
+    [sampling]                  # optional
+    mode = "all"                # all (default) | proportional | temperature
+    temperature = 2.0           # temperature: p_i ∝ s_i^(1/T)
+
+Training, ``mode = "all"`` (the default, and the only mode of the gradient schemes): every step sees every task. The
+loop's items are steps (``batch_size`` 1 for the loop); each step draws one batch from every member at random
+(``batch_size`` items without replacement inside the batch, from torch's generator, whose state the checkpoint keeps: a
+resumed run draws the same batches, and each process draws its own). An epoch is ``S = max_i ⌈n_i / b_i⌉`` steps (one
+pass over the largest member in expectation).
+
+Sampled steps (``proportional``, ``temperature``; the per-task loss schemes only: equal, prior, real-time, uncertainty):
+each step draws one member with probability ``p_i ∝ s_i^(1/T)`` and one batch of it, where ``s_i`` is the member's
+``sampling_weight`` or else its number of training items ``n_i``, and ``T = 1`` for ``proportional``; the step's loss
+is ``α_i L_i`` with the scheme's weight of that member alone (``equal``: ``α_i = 1``; so the expected update is
+``Σ_i p_i α_i ∇L_i``). An epoch is ``Σ_i ⌈n_i / b_i⌉`` steps. Schemes that need every task's loss or gradient at
+once (initial, generalised-mean, grad-normalise, mgda, main-auxiliary) are refused there. The objective runs the shared
 encoder once per member batch with only that member's head, takes each member's own loss ``L_i`` and forms
 ``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that need the tasks'
 gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task. Backward
 passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one for the
 combined loss), 1 for the others. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
-``losses`` and the ``weights`` applied, by member), ``task_losses`` and ``task_weights`` (their means).
+``losses`` and the ``weights`` applied, by member — the sampled member only, on sampled steps), ``task_losses`` and
+``task_weights`` (their means over the batches that had the member).
+
+``gradients = "encoder-output"`` in ``[weighting]`` (gradient schemes): ``g_i`` is taken w.r.t. the encoder's output
+instead of its parameters — MGDA-UB's cheaper upper bound (spec §5.2; the n extra backward passes stop at the encoder's
+output, so they cost little). Su shows that the paper's proof that this bound still reaches Pareto-stationary points is
+wrong, and the bound is only meaningful when one batch carries every task's labels. zhie's members read separate
+datasets, so each ``g_i`` lives on its own batch's output, the ``g_i`` are orthogonal, and MGDA's weights reduce to
+``α_i ∝ 1/‖∇_{H_i} L_i‖²`` (main-auxiliary's λ to 0): documented and tested as such; keep the default
+``"parameters"`` for MGDA proper.
 
 Evaluation after each epoch scores every member on its dev set (keys ``NAME/metric``); the best model maximises
 ``score``: the mean of the members' main metrics (NER/CWS/RE ``f1``, similarity ``spearman``), or, with
@@ -69,8 +91,13 @@ from zhie.text import TextTokenizer
 
 SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
            "uncertainty")
-MEMBER_KEYS = ("name", "task", "train", "dev", "format", "batch_size", "options")
-WEIGHTING_KEYS = ("scheme", "main", "gamma", "initial_batches")
+MEMBER_KEYS = ("name", "task", "train", "dev", "format", "batch_size", "sampling_weight", "options")
+WEIGHTING_KEYS = ("scheme", "main", "gamma", "initial_batches", "gradients")
+SAMPLING_KEYS = ("mode", "temperature")
+SAMPLING = ("all", "proportional", "temperature")
+SAMPLED_SCHEMES = ("equal", "prior", "real-time", "uncertainty")  # a weight from the member's own loss alone
+GRADIENT_SPACES = ("parameters", "encoder-output")
+PATH_OPTIONS = {"re": ("schema",)}  # member options that name files: relative to the config file
 NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -88,6 +115,7 @@ class MemberSpec:
     dev: str
     format: str = "auto"
     batch_size: int | None = None
+    sampling_weight: float | None = None
     options: dict = field(default_factory=dict)
 
 
@@ -156,14 +184,22 @@ def _check_options(where: str, cls: type, options: object) -> dict:
     return out
 
 
+def _positive(value: object, integer: bool = False) -> bool:
+    kinds = int if integer else (int, float)
+    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
+
+
 def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
-    """The members and the ``[weighting]`` table of a multi-task config file, checked; paths are made relative to
-    the current directory. Raises :class:`ConfigError` naming the file, the member and the key."""
+    """The members and the ``[weighting]`` table (with ``[sampling]``'s keys added as ``sampling_mode`` and
+    ``sampling_temperature``) of a multi-task config file, checked; paths (``train``, ``dev``, file options such as
+    ``re``'s ``schema``) are made relative to the current directory. Raises :class:`ConfigError` naming the file, the
+    member and the key."""
     path = Path(path)
     data = _load_file(path)
     for key in data:
-        if key not in ("tasks", "weighting"):
-            raise ConfigError(f"{path}: {key}: not a key of a multi-task config; it has [[tasks]] and [weighting]")
+        if key not in ("tasks", "weighting", "sampling"):
+            raise ConfigError(f"{path}: {key}: not a key of a multi-task config; it has [[tasks]], [weighting] and "
+                              "[sampling]")
     entries = data.get("tasks")
     if not isinstance(entries, list) or len(entries) < 2:
         raise ConfigError(f"{path}: tasks: a multi-task config needs at least two [[tasks]] entries "
@@ -197,14 +233,23 @@ def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
                 raise ConfigError(f"{where}: {key}: {file} does not exist")
             files[key] = str(file)
         batch_size = entry.get("batch_size")
-        if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool)
-                                       or batch_size < 1):
+        if batch_size is not None and not _positive(batch_size, integer=True):
             raise ConfigError(f"{where}: batch_size: expected a positive integer, got {batch_size!r}")
+        sampling_weight = entry.get("sampling_weight")
+        if sampling_weight is not None and not _positive(sampling_weight):
+            raise ConfigError(f"{where}: sampling_weight: expected a positive number, got {sampling_weight!r}")
         fmt = entry.get("format", "auto")
         if not isinstance(fmt, str):
             raise ConfigError(f"{where}: format: expected a string, got {fmt!r}")
-        specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size,
-                                _check_options(where, cls, entry.get("options", {}))))
+        options = _check_options(where, cls, entry.get("options", {}))
+        for key in PATH_OPTIONS.get(cls.name, ()):
+            if options.get(key) is not None:
+                file = path.parent / options[key]
+                if not file.exists():
+                    raise ConfigError(f"{where}: options.{key}: {file} does not exist")
+                options[key] = str(file)
+        specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size, sampling_weight,
+                                options))
     weighting = data.get("weighting", {})
     if not isinstance(weighting, dict):
         raise ConfigError(f"{path}: weighting: expected a table with {', '.join(WEIGHTING_KEYS)}")
@@ -217,9 +262,21 @@ def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
             raise ConfigError(f"{path}: weighting.main: {value!r} is not the name of a task")
         if key == "gamma" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
             raise ConfigError(f"{path}: weighting.gamma: expected a number, got {value!r}")
-        if key == "initial_batches" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        if key == "initial_batches" and not _positive(value, integer=True):
             raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {value!r}")
-    return specs, weighting
+        if key == "gradients" and value not in GRADIENT_SPACES:
+            raise ConfigError(f"{path}: weighting.gradients: {value!r} is not one of {', '.join(GRADIENT_SPACES)}")
+    sampling = data.get("sampling", {})
+    if not isinstance(sampling, dict):
+        raise ConfigError(f"{path}: sampling: expected a table with {', '.join(SAMPLING_KEYS)}")
+    for key, value in sampling.items():
+        if key not in SAMPLING_KEYS:
+            raise ConfigError(f"{path}: sampling.{key}: not a key of [sampling]; use {', '.join(SAMPLING_KEYS)}")
+        if key == "mode" and value not in SAMPLING:
+            raise ConfigError(f"{path}: sampling.mode: {value!r} is not one of {', '.join(SAMPLING)}")
+        if key == "temperature" and not _positive(value):
+            raise ConfigError(f"{path}: sampling.temperature: expected a positive number, got {value!r}")
+    return specs, {**weighting, **{f"sampling_{k}": v for k, v in sampling.items()}}
 
 
 @dataclass
@@ -229,6 +286,9 @@ class MultitaskConfig:
     main: str | None = None       # main-auxiliary: the main task
     gamma: float = 0.5            # generalised-mean
     initial_batches: int = 1      # initial: batches whose mean loss is L_i^init
+    gradients: str = "parameters"  # gradient schemes: over the encoder's parameters, or its output (MGDA-UB)
+    sampling: str = "all"         # all: every member each step; proportional / temperature: one sampled member
+    temperature: float = 1.0      # temperature sampling: p_i ∝ s_i^(1/T)
     mode: str = "char"            # "char" when every member is (the encoder's vocabulary may then be pruned)
     window_mode: str = "char"     # the span members' (ner, cws, re) common tokenisation
     max_length: int = 256         # prediction windows of the span members: the smallest member max_length ...
@@ -240,6 +300,20 @@ class MultitaskConfig:
         if self.weighting == "main-auxiliary" and self.main not in [m["name"] for m in self.members]:
             raise ValueError(f"the main-auxiliary scheme needs `main = NAME` (one of the tasks) in [weighting], "
                              f"got {self.main!r}")
+        if self.sampling not in SAMPLING:
+            raise ValueError(f"unknown sampling mode {self.sampling!r}; use one of {', '.join(SAMPLING)}")
+        if self.sampling != "all" and self.weighting not in SAMPLED_SCHEMES:
+            raise ValueError(f"the {self.weighting} scheme needs every task's loss (or gradient) at each step, so it "
+                             f"runs with sampling mode 'all' only; sampled steps work with "
+                             f"{', '.join(SAMPLED_SCHEMES)}")
+        if self.gradients not in GRADIENT_SPACES:
+            raise ValueError(f"unknown gradients {self.gradients!r}; use one of {', '.join(GRADIENT_SPACES)}")
+
+    def probabilities(self, items: list[int]) -> list[float]:
+        """Sampled steps: each member's ``p_i ∝ s_i^(1/T)`` (``s_i``: its sampling weight, else its ``items``)."""
+        t = 1.0 if self.sampling == "proportional" else self.temperature
+        scores = [(m.get("sampling_weight") or n) ** (1.0 / t) for m, n in zip(self.members, items)]
+        return [s / sum(scores) for s in scores]
 
 
 class MultiTaskPipeline(Pipeline):
@@ -344,7 +418,7 @@ class MultiTask(WindowedTask):
                 raise ConfigError(f"{config_file}: task {s.name!r}: {err}") from None
             configs.append((member_cls, c))
             members.append({"name": s.name, "task": s.task, "config": asdict(c), "batch_size": s.batch_size,
-                            "train": s.train, "dev": s.dev})
+                            "sampling_weight": s.sampling_weight, "train": s.train, "dev": s.dev})
         spans = [c for member_cls, c in configs if issubclass(member_cls, WindowedTask)]
         if len({c.mode for c in spans}) > 1:
             raise ConfigError(f"{config_file}: the span tasks (ner, cws, re) share one encoder pass and must share "
@@ -353,12 +427,14 @@ class MultiTask(WindowedTask):
             return MultitaskConfig(
                 members, weighting=weighting or table.get("scheme", "real-time"), main=table.get("main"),
                 gamma=float(table.get("gamma", 0.5)), initial_batches=table.get("initial_batches", 1),
+                gradients=table.get("gradients", "parameters"), sampling=table.get("sampling_mode", "all"),
+                temperature=float(table.get("sampling_temperature", 1.0)),
                 mode="char" if all(c.mode == "char" for _, c in configs) else "subword",
                 window_mode=spans[0].mode if spans else "char",
                 max_length=min((c.max_length for c in spans), default=256),
                 overlap=max((c.overlap for c in spans), default=32))
         except ValueError as err:
-            raise ConfigError(f"{config_file}: weighting: {err}") from None
+            raise ConfigError(f"{config_file}: {err}") from None
 
     # ---------------------------------------------------------------------------------------- training
     def loop_config(self, config):
@@ -377,12 +453,19 @@ class MultiTask(WindowedTask):
             if not items:
                 raise ValueError(f"task {m.head_name!r}: no training items")
             self.stats[m.head_name] = {"items": len(items), **m.stats}
-        return list(range(max(math.ceil(len(items) / b) for items, b in zip(self.member_items, self.batch_sizes))))
+        batches = [math.ceil(len(items) / b) for items, b in zip(self.member_items, self.batch_sizes)]
+        return list(range(max(batches) if self.config.sampling == "all" else sum(batches)))
 
     def collate(self, steps: list[int]) -> dict[str, Tensor]:
-        """One random batch of every member, its keys prefixed ``NAME/``."""
+        """One random batch of every member (of one member drawn with :meth:`MultitaskConfig.probabilities`, on
+        sampled steps), its keys prefixed ``NAME/``."""
+        chosen_members = range(len(self.members))
+        if self.config.sampling != "all":
+            p = self.config.probabilities([len(items) for items in self.member_items])
+            chosen_members = [int(torch.multinomial(torch.tensor(p), 1))]
         batch = {}
-        for m, items, size in zip(self.members, self.member_items, self.batch_sizes):
+        for i in chosen_members:
+            m, items, size = self.members[i], self.member_items[i], self.batch_sizes[i]
             chosen = torch.randperm(len(items))[:size].tolist()
             batch.update({f"{m.head_name}/{k}": v for k, v in m.collate([items[j] for j in chosen]).items()})
         return batch
@@ -395,13 +478,14 @@ class MultiTask(WindowedTask):
         decoded = {m.head_name: m.decode(model, outputs, attention_mask) for m in self.spans}
         return [{name: rows[b] for name, rows in decoded.items()} for b in range(attention_mask.shape[0])]
 
-    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None
-                ) -> list[dict[str, list]]:
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None,
+                max_tokens: int | None = None) -> list[dict[str, list]]:
         """Per text ``{member: prediction}`` of every span member, from one encoder pass per batch of windows."""
         spans = self.spans
         if not spans:
             return [{} for _ in texts]
-        rows = list(self.window_hits(self.view(model, [m.head_name for m in spans]), texts, batch_size, timings))
+        rows = list(self.window_hits(self.view(model, [m.head_name for m in spans]), texts, batch_size, timings,
+                                     max_tokens))
         found = {m.head_name: m.from_hits(texts, m.reported((i, enc, cuts, w, row[m.head_name])
                                                             for i, enc, cuts, w, row in rows)) for m in spans}
         return [{name: predictions[i] for name, predictions in found.items()} for i in range(len(texts))]
@@ -409,8 +493,9 @@ class MultiTask(WindowedTask):
     def to_json(self, prediction: dict) -> dict:
         return {name: self.member(name).to_json(p) for name, p in prediction.items()}
 
-    def evaluate(self, model: Model, examples: list[MemberExamples], batch_size: int = 32) -> dict:
-        return {d.name: self.member(d.name).evaluate(self.view(model, [d.name]), d.examples, batch_size)
+    def evaluate(self, model: Model, examples: list[MemberExamples], batch_size: int = 32,
+                 max_tokens: int | None = None) -> dict:
+        return {d.name: self.member(d.name).evaluate(self.view(model, [d.name]), d.examples, batch_size, max_tokens)
                 for d in examples}
 
     def summary(self, metrics: dict) -> dict[str, float]:
@@ -442,7 +527,9 @@ class MultiTaskLoss(TaskLoss):
 
     Each member's ``L_i`` is its own objective's (a member with weights of its own, Sentence-BERT's classifier, keeps
     them here). Gradient schemes get ``g_i = ∇L_i`` over the encoder's trainable parameters (``retain_graph``; the
-    heads are each one task's own, and each gets ``α_i ∇L_i``). Main-auxiliary sees the main task first.
+    heads are each one task's own, and each gets ``α_i ∇L_i``), or over the encoder's outputs (``gradients =
+    "encoder-output"``). Main-auxiliary sees the main task first. On a sampled step (one member's batch), the absent
+    members' losses are 0 and their weights 0.
     """
 
     def __init__(self, task: MultiTask, hidden_size: int) -> None:
@@ -453,6 +540,7 @@ class MultiTaskLoss(TaskLoss):
         main = self.names.index(c.main) if c.weighting == "main-auxiliary" else 0
         self.order = [main] + [i for i in range(len(self.names)) if i != main]
         self.uncertainty = UncertaintyWeighting(len(self.names)) if c.weighting == "uncertainty" else None
+        self.output_space = c.gradients == "encoder-output"
         self.scheme = {
             "equal": Equal, "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
             "main-auxiliary": MainAuxiliary, "uncertainty": Equal,  # uncertainty: the module above decides
@@ -462,53 +550,77 @@ class MultiTaskLoss(TaskLoss):
                 task.members, task.member_items, task.batch_sizes)]),
         }[c.weighting]()
         self.batches = 0
-        self.rows: list[tuple[int, Tensor, Tensor]] = []  # (batch, losses, weights) since the last log()
+        self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []  # (batch, losses, weights, present) to log
 
-    def gradients(self, model: Model, losses: Tensor) -> Tensor:
-        """``[n, P]``: each loss's gradient over the encoder's trainable parameters, flattened."""
-        params = [p for p in model.encoder.parameters() if p.requires_grad]
+    @staticmethod
+    def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
+        """``[n, P]``: row ``i`` is ``∇L_i`` w.r.t. ``inputs[i]`` (tensors, flattened; a ``None`` gradient is zeros).
+        Over the encoder's parameters every row has the same inputs; over encoder outputs each member has its own
+        (its batch's), so the rows are placed in disjoint blocks of one long vector."""
         rows = []
-        for loss in losses:
-            grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                                   for g, p in zip(grads, params)]))
-        return torch.stack(rows)
+        for loss, tensors in zip(losses, inputs):
+            grads = torch.autograd.grad(loss, tensors, retain_graph=True, allow_unused=True)
+            rows.append(torch.cat([(g if g is not None else torch.zeros_like(t)).reshape(-1).float()
+                                   for g, t in zip(grads, tensors)]))
+        if all(len(ts) == len(inputs[0]) and all(t is u for t, u in zip(ts, inputs[0])) for ts in inputs):
+            return torch.stack(rows)
+        return torch.block_diag(*(row.unsqueeze(0) for row in rows))
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        losses = []
-        for name, objective in zip(self.names, self.member_losses):
-            prefix = f"{name}/"
-            member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
-            losses.append(objective(model, member_batch).float())
+        device = next(iter(batch.values())).device
+        losses, outputs = [], []
+        hook = (model.encoder.register_forward_hook(lambda module, args, out: outputs[-1].append(out.last_hidden_state))
+                if self.output_space else None)
+        try:
+            for name, objective in zip(self.names, self.member_losses):
+                prefix = f"{name}/"
+                member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
+                outputs.append([])
+                losses.append(objective(model, member_batch).float() if member_batch
+                              else torch.zeros((), device=device))
+        finally:
+            if hook is not None:
+                hook.remove()
         losses = torch.stack(losses)
+        present = torch.tensor([any(k.startswith(f"{name}/") for k in batch) for name in self.names], device=device)
         if self.uncertainty is not None:
-            total, weights = self.uncertainty(losses), self.uncertainty.weights()
+            total, weights = self.uncertainty(losses, present), self.uncertainty.weights()
         else:
             ordered = losses[self.order]
-            grads = self.gradients(model, ordered) if self.scheme.needs_gradients else None
+            grads = None
+            if self.scheme.needs_gradients:
+                params = [p for p in model.encoder.parameters() if p.requires_grad]
+                grads = self.gradients(ordered, [outputs[i] for i in self.order] if self.output_space
+                                       else [params] * len(ordered))
             weights = torch.empty_like(losses)
             weights[self.order] = self.scheme.weights(ordered, grads).to(losses.device)
             total = combine(losses, weights)
+        weights = weights * present
         self.batches += 1
-        self.rows.append((self.batches, losses.detach(), weights.detach()))
+        self.rows.append((self.batches, losses.detach(), weights.detach(), present))
         return total
 
     def log(self) -> dict:
         """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
         means since the last call."""
-        rows = [{"batch": b, "losses": dict(zip(self.names, losses.tolist())),
-                 "weights": dict(zip(self.names, weights.tolist()))} for b, losses, weights in self.rows]
+        rows = [{"batch": b, **{key: {n: v for n, v, here in zip(self.names, values.tolist(), present) if here}
+                                for key, values in (("losses", losses), ("weights", weights))}}
+                for b, losses, weights, present in self.rows]
         self.rows = []
         if not rows:
             return {}
-        return {"task_losses": {n: sum(r["losses"][n] for r in rows) / len(rows) for n in self.names},
-                "task_weights": {n: sum(r["weights"][n] for r in rows) / len(rows) for n in self.names},
-                "per_batch": rows}
+
+        def mean(key: str, name: str) -> float | None:
+            values = [r[key][name] for r in rows if name in r[key]]
+            return sum(values) / len(values) if values else None
+
+        return {"task_losses": {n: mean("losses", n) for n in self.names},
+                "task_weights": {n: mean("weights", n) for n in self.names}, "per_batch": rows}
 
     def get_extra_state(self) -> dict:
         """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
         return {"scheme": self.scheme.state_dict(), "batches": self.batches,
-                "rows": [(b, losses.cpu(), weights.cpu()) for b, losses, weights in self.rows]}
+                "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
 
     def set_extra_state(self, state: dict) -> None:
         self.scheme.load_state_dict(state["scheme"])

@@ -55,10 +55,12 @@ def plot_history(history: list[dict], path: Path, metric: str) -> None:
     loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="objective")
     loss_ax.set(title="training loss", xlabel="step", ylabel="loss")
     if rows:
-        batches = [row["batch"] for row in rows]
-        for name in rows[0]["losses"]:
-            loss_ax.plot(batches, [row["losses"][name] for row in rows], lw=0.8, label=name)
-            axes[2].plot(batches, [row["weights"][name] for row in rows], lw=0.8, label=name)
+        names = dict.fromkeys(name for row in rows for name in row["losses"])  # a sampled step has one task
+        for name in names:
+            mine = [row for row in rows if name in row["losses"]]
+            batches = [row["batch"] for row in mine]
+            loss_ax.plot(batches, [row["losses"][name] for row in mine], lw=0.8, label=name)
+            axes[2].plot(batches, [row["weights"][name] for row in mine], lw=0.8, label=name)
         loss_ax.set(yscale="log")
         loss_ax.legend(fontsize="small")
         axes[2].set(title="task weights", xlabel="batch", ylabel="weight")
