@@ -284,3 +284,8 @@ def test_distill_cli_writes_an_ordinary_ner_model(teachers, encoder_dir, tmp_pat
     assert main(["distill", "--recognizer", str(teachers / "ev"), "--evaluator", str(teachers / "ev"),
                  "--target", str(teachers / "tgt.txt"), "--out", str(tmp_path / "bad"), "--quiet"]) == 2
     assert "is not a word-level NER model" in capsys.readouterr().err
+
+
+def test_word_level_tagging_needs_the_softmax_head():
+    with pytest.raises(ValueError, match="needs the softmax head"):
+        NerConfig(["PER"], head="gp", mode="subword", words=True)
