@@ -179,7 +179,8 @@ def cmd_predict(args) -> None:
         ray_predict = _extra("zhie.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
-                                  batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines)
+                                  batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
+                                  skip_bad_lines=args.skip_bad_lines)
         return
     reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
     pipe = zhie.load(args.model, precision=args.precision)

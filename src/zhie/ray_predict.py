@@ -1,0 +1,128 @@
+"""Batch prediction past one machine with Ray Data: ``zhie predict MODEL --ray --input PATH(S) --output DIR``.
+
+Each input file (text or JSON lines as ``zhie predict --input`` reads them, or Parquet with a string column ``text``;
+a directory stands for the files in it) is read by one Ray task into rows ``{"file", "line", "text"}`` (``line``: the
+1-based line, or the row number in a Parquet file). A pool of ``workers`` actors, each holding one model (one GPU
+each when the cluster has GPUs, else ``cpus_per_worker`` CPUs), maps the pipeline over batches of ``rows`` rows. The
+output directory gets sharded JSON lines: ``zhie predict``'s object with ``file`` and ``line`` added, so sorting by
+``(file, line)`` gives the input order back. A local output directory is written under a temporary name and renamed
+when every shard is written.
+
+On a cluster: ``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others, then run
+``zhie predict ... --ray --ray-address HEAD:6379`` (or with ``RAY_ADDRESS`` set) on any of them; every node needs
+zhie installed and must see the model directory and the input and output paths (a shared file system, or
+``s3://``/``gs://`` URIs for the data).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import ray
+
+from zhie.data import DataError
+from zhie.stream import TextReader
+
+__all__ = ["input_files", "predict_files"]
+
+SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
+
+
+def input_files(paths: list[str]) -> list[str]:
+    """``paths`` with each local directory replaced by its files ending in .jsonl, .json, .txt or .parquet, sorted."""
+    files = []
+    for path in paths:
+        if "://" not in path and Path(path).is_dir():
+            files += sorted(str(f) for f in Path(path).iterdir() if f.suffix in SUFFIXES)
+        else:
+            files.append(path)
+    if not files:
+        raise ValueError("--ray needs --input PATH(S): files, or directories of .jsonl/.txt/.parquet files")
+    return files
+
+
+def read_file(row: dict, skip_bad_lines: bool = False) -> list[dict]:
+    """The rows ``{"file", "line", "text"}`` of one input file (a bad line raises :class:`DataError`, or is skipped)."""
+    path = row["file"]
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
+        for i, text in enumerate(texts, 1):
+            if not isinstance(text, str):
+                raise DataError(path, i, f"row {i}: 'text' is {text!r}, not a string; fix or drop the row")
+        return [{"file": path, "line": i, "text": text} for i, text in enumerate(texts, 1)]
+    reader = TextReader([], [], skip_bad_lines=skip_bad_lines)
+    return [{"file": path, "line": n, "text": text} for n, text in reader.numbered(path)]
+
+
+def bad_line(err: BaseException) -> DataError | None:
+    """The :class:`DataError` (``FILE:LINE: reason``) that a read task raised, if ``err`` comes from one: Ray hands the
+    driver a task's exception as the text of its traceback only."""
+    found = re.search(r"zhie\.data\.base\.DataError: (.+?):(\d+): (.+)", str(err))
+    return DataError(found[1], int(found[2]), found[3]) if found else None
+
+
+class Predictor:
+    """One model per Ray actor: a batch of rows -> the same rows with the task's prediction under its output key."""
+
+    def __init__(self, model: str, precision: str, batch_size: int, max_tokens: int | None) -> None:
+        import zhie
+
+        self.pipe = zhie.load(model, precision=precision)
+        self.batch_size, self.max_tokens = batch_size, max_tokens
+
+    def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
+        task = self.pipe.task
+        predictions = self.pipe.predict(rows["text"].tolist(), batch_size=self.batch_size, max_tokens=self.max_tokens)
+        return rows.assign(**{task.output_key: [task.to_json(p) for p in predictions]})
+
+
+def predict_files(model: str, inputs: list[str], output: str | None, *, address: str | None = None,
+                  workers: int | None = None, cpus_per_worker: float = 1.0, precision: str = "fp32",
+                  batch_size: int = 32, max_tokens: int | None = None, rows: int = 4096,
+                  skip_bad_lines: bool = False) -> None:
+    """Predict every text of ``inputs`` with ``workers`` model replicas and write sharded JSON lines into the
+    directory ``output`` (see the module's docstring). Joins the Ray cluster at ``address`` (default: ``RAY_ADDRESS``,
+    else a new local instance, shut down at the end) unless this process is already connected to one.
+    ``skip_bad_lines``: leave out the lines :class:`~zhie.stream.TextReader` rejects (they are not counted here)."""
+    if not output:
+        raise ValueError("--ray writes a directory of JSON-lines shards: give --output DIRECTORY")
+    local = "://" not in output
+    if local and Path(output).exists():
+        raise ValueError(f"{output} exists; give --output a new directory (shards are not mixed with old ones)")
+    model = str(Path(model).resolve())  # the workers' working directory may differ
+    files = [f if "://" in f else str(Path(f).resolve()) for f in input_files(inputs)]
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        workers = workers or gpus or 1
+        out = Path(output).resolve()
+        target = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent) if local else output
+        try:
+            ds = ray.data.from_items([{"file": f} for f in files])
+            ds = ds.flat_map(read_file, fn_kwargs={"skip_bad_lines": skip_bad_lines}, num_cpus=0.25)
+            ds = ds.map_batches(Predictor, fn_constructor_kwargs={"model": model, "precision": precision,
+                                                                 "batch_size": batch_size, "max_tokens": max_tokens},
+                                batch_size=rows, batch_format="pandas", concurrency=workers,
+                                num_gpus=1 if gpus else 0, num_cpus=cpus_per_worker)
+            ds.write_json(target, force_ascii=False)
+        except BaseException as err:
+            if local:
+                shutil.rmtree(target, ignore_errors=True)
+            data_error = bad_line(err)
+            if data_error is not None:  # the reader's FILE:LINE message, not Ray's traceback around it
+                raise data_error from None
+            raise
+        if local:
+            os.replace(target, output)
+    finally:
+        if started:
+            ray.shutdown()
