@@ -132,6 +132,7 @@ def zhie_setup(encoder_name: str, train_examples, texts: list[str], head: str = 
     config = NerTask.configure(train_examples, encoder=encoder_name, head=head)
     encoder, tokenizer = prepare_encoder(encoder_name, texts=texts, mode=config.mode)
     task = NerTask(config, tokenizer)
+    task.encode(train_examples)  # as zhie.fit: GP's cells start at the prior logit (an untrained head predicts little)
     torch.manual_seed(0)
     return task, Model(encoder, task.build_heads(encoder.config.hidden_size))
 
@@ -139,14 +140,21 @@ def zhie_setup(encoder_name: str, train_examples, texts: list[str], head: str = 
 # ------------------------------------------------------------------------------------------------------------ predict
 def predict_part(args, device: torch.device, peak: float) -> None:
     """zhie's prediction against HF ``pipeline("token-classification")`` (its own subword tokenisation and entity
-    aggregation) on the same encoder weights; both untrained heads (throughput only)."""
+    aggregation) on the same encoder weights: zhie's NER model ``--model`` (else an untrained GP head) against the
+    pipeline with a new linear head over the same tags (throughput only)."""
     from common import append_result
     from roofline import flops_per_token, roofline, window_tokens
     from transformers import AutoModelForTokenClassification, pipeline
 
-    train = cluener("train", 200)
+    import zhie
+
     texts = [ex.text for ex in cluener("dev", args.texts)]
-    task, model = zhie_setup(args.encoder, train, [ex.text for ex in train] + texts)
+    if args.model:
+        pipe = zhie.load(args.model, device=device.type)
+        task, model = pipe.task, pipe.model
+    else:
+        train = cluener("train", 200)
+        task, model = zhie_setup(args.encoder, train, [ex.text for ex in train] + texts)
     model.to(device).eval()
     zhie_s = timed(lambda: task.predict(model, texts, batch_size=args.batch_size), device, 1)
     zhie_tokens = window_tokens(task, texts)
@@ -161,7 +169,8 @@ def predict_part(args, device: torch.device, peak: float) -> None:
     hf_tokens = [len(task.tokenizer(t)["input_ids"]) for t in texts]
     config = model.encoder.config
     for name, seconds, tokens in [("zhie", zhie_s, zhie_tokens), ("hf_pipeline", hf_s, hf_tokens)]:
-        append_result("peers", {"part": "predict", "framework": name, "texts": len(texts), "tokens": sum(tokens),
+        append_result("peers", {"part": "predict", "framework": name, "model": args.model or "untrained gp",
+                                "texts": len(texts), "tokens": sum(tokens),
                                 "sent_per_s": len(texts) / seconds, "tokens_per_s": sum(tokens) / seconds,
                                 "speedup_vs_hf": hf_s / seconds, "batch_size": args.batch_size,
                                 **roofline(flops_per_token(config, tokens), sum(tokens) / seconds, peak),
@@ -228,7 +237,7 @@ def train_hf(task, model, train, args, device) -> dict:
         task.tokenizer.save_pretrained(tmp)
         hf_model = AutoModelForTokenClassification.from_pretrained(tmp, num_labels=len(task.config.tags))
         targs = TrainingArguments(output_dir=tmp, per_device_train_batch_size=args.batch_size, max_steps=args.steps,
-                                  learning_rate=2e-4, warmup_ratio=0.1, report_to=[], save_strategy="no",
+                                  learning_rate=2e-4, warmup_steps=1, report_to=[], save_strategy="no",
                                   logging_strategy="no", use_cpu=device.type == "cpu", dataloader_num_workers=0,
                                   disable_tqdm=True, seed=42)
         TimedTrainer(model=hf_model, args=targs, train_dataset=rows, data_collator=collate).train()
@@ -321,21 +330,23 @@ def bert4torch_worker(args) -> None:
 
 
 def train_part(args, device: torch.device, peak: float) -> None:
+    """Each framework in turn, one JSON line each (zhie first: the others' lines carry zhie's speed-up over them)."""
     from common import append_result
     from roofline import flops_per_token, roofline
 
     train = cluener("train", args.sentences)
-    results, runs = {}, {"zhie": train_zhie, "bert4torch": train_bert4torch, "hf_trainer": train_hf}
+    runs = {"zhie": train_zhie, "bert4torch": train_bert4torch, "hf_trainer": train_hf}
+    zhie_rate = None
     for name in args.frameworks:
         task, model = zhie_setup(args.encoder, train, [ex.text for ex in train])
-        results[name] = runs[name](task, model.to(device), train, args, device)
-    per_token = flops_per_token(model.encoder.config, [len(it.ids) + 2 for it in task.encode(train)], training=True)
-    for name, r in results.items():
+        r = runs[name](task, model.to(device), train, args, device)
         row = {"part": "train", "framework": name, "sentences": len(train), "batch_size": args.batch_size, **r}
         if "tokens_per_s" in r:
+            per_token = flops_per_token(model.encoder.config, [len(it.ids) + 2 for it in task.encode(train)], True)
             row.update(roofline(per_token, r["tokens_per_s"], peak))
-            if "zhie" in results:
-                row["zhie_speedup"] = results["zhie"]["tokens_per_s"] / r["tokens_per_s"]
+            zhie_rate = r["tokens_per_s"] if name == "zhie" else zhie_rate
+            if zhie_rate:
+                row["zhie_speedup"] = zhie_rate / r["tokens_per_s"]
         append_result("peers", {**row, **describe(args, device)})
 
 
@@ -349,6 +360,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="crf: timed calls per measurement (median)")
     p.add_argument("--tags", type=int, default=21, help="crf: tags (CLUENER's BIO: 21)")
     p.add_argument("--texts", type=int, default=300, help="predict: CLUENER dev texts")
+    p.add_argument("--model", help="predict: a trained zhie NER model directory (default: an untrained GP head)")
     p.add_argument("--batch-size", type=int, default=None, help="predict: 32; train: 16")
     p.add_argument("--sentences", type=int, default=400, help="train: CLUENER training sentences")
     p.add_argument("--steps", type=int, default=12, help="train: optimiser steps per framework")
