@@ -136,7 +136,8 @@ class CRF(nn.Module):
         mask = self._check(emissions, mask)
         em = emissions.float()
         start, end = self._start_end(em)
-        spread = torch.stack([(self.transitions.amax(0) - self.transitions.amin(0)).amax(), end.amax() - end.amin()])
+        trans, end_ = self.transitions.detach(), end.detach()
+        spread = torch.stack([(trans.amax(0) - trans.amin(0)).amax(), end_.amax() - end_.amin()])
         if not bool((spread <= _SCALED_RANGE).all()):  # also False for inf / nan
             return self._log_partition_logspace(em, mask, start, end)
         return _ScaledLogPartition.apply(em, mask, self.transitions.float(), start, end)
