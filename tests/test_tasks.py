@@ -98,7 +98,7 @@ class ClassifyTask(Task):
         return F.cross_entropy(logits.float(), batch["labels"])
 
     @torch.no_grad()
-    def predict(self, model, texts, batch_size=32):
+    def predict(self, model, texts, batch_size=32, max_tokens=None):
         model.eval()
         batch = model_inputs(self.tokenizer(texts, truncation=True, max_length=self.config.max_length)["input_ids"],
                              self.tokenizer.pad_token_id)
