@@ -321,3 +321,29 @@ def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(l
     old = {token: reference.cls.predictions.bias[i].item() for i, token in enumerate(vocab)}
     for token, i in tokenizer.get_vocab().items():
         assert head.bias[i].item() == pytest.approx(old[token]), token
+
+
+@needs_corpus
+def test_a_zhie_cws_model_is_a_segmenter_and_other_models_are_refused(lines, tokenizer, tmp_path):
+    from zhie.data.cws import read_segmented, write_segmented
+
+    write_segmented(read_segmented(DATA / "cws/sxu/train.txt")[:48], tmp_path / "cws.txt")
+    zhie.fit("cws", tmp_path / "cws.txt", tmp_path / "cws.txt", out=tmp_path / "cws", encoder="tiny",
+             config=TrainConfig(epochs=2, batch_size=16, lr=3e-3), resume=False, progress=False)
+    segment = make_segmenter(str(tmp_path / "cws/best"))
+    texts = lines[:5]
+    words = segment(texts)
+    assert ["".join(w) for w in words] == texts and sum(map(len, words)) > len(texts)  # a partition of each text
+    char_tokens = TextTokenizer(tokenizer, "char")
+    for text, text_words, (_ids, starts) in zip(texts, words, encode_lines(texts, char_tokens, segment)):
+        word_of_char = [w for w, word in enumerate(text_words) for _ in word]
+        token_words = [word_of_char[c] for c in char_tokens(text).starts]
+        assert starts.tolist() == [True] + [a != b for a, b in zip(token_words[1:], token_words[:-1])]
+
+    train, dev = demo.write_corpus(tmp_path / "ner", 32, 8)
+    zhie.fit("ner", train, dev, out=tmp_path / "ner", encoder="tiny", config=TrainConfig(epochs=1),
+             resume=False, progress=False)
+    with pytest.raises(ValueError, match="a 'ner' model; a segmenter is a cws model"):
+        make_segmenter(str(tmp_path / "ner/best"))
+    with pytest.raises(ValueError, match="unknown segmenter 'nltk'"):
+        make_segmenter("nltk")
