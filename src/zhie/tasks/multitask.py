@@ -323,7 +323,8 @@ class MultiTaskPipeline(Pipeline):
 
     def member(self, name: str) -> Pipeline:
         task = self.task.member(name)
-        return type(task).pipeline_class(task, self.task.view(self.model, [name]), str(device_of(self.model)))
+        return type(task).pipeline_class(task, self.task.view(self.model, [name]), str(device_of(self.model)),
+                                         self.precision)
 
     def encode(self, texts: list[str] | str, member: str | None = None, batch_size: int = 64, normalize: bool = True):
         """Sentence vectors of the sentence-embedding member ``member`` (default: the only one)."""
