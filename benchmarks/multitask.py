@@ -9,13 +9,15 @@ Suites (datasets from ../shared/data, subsampled with a fixed seed-0 shuffle to 
   (EGP's multilabel CE over all cells, the CRF's sentence NLL, CoSENT's log-sum-exp over pairs);
 * ``medical``: CMeEE NER (EGP; the main task under ``main-auxiliary``) + CMeIE relations (GPLinker) as auxiliary.
 
-The encoder's vocabulary is pruned to the tokens of the runs' texts (``keep_tokens="data"``: the hidden states of kept
-tokens are unchanged; without it the similarity member's sub-word mode keeps e5's 250k-row embedding, whose dense
-gradient dominates a CPU step). Every run trains ``--steps`` steps (a multi-task step draws one batch of every member)
-and evaluates once at the end; single-task runs (``--single``) train each member alone for the same number of steps
-with the same batch size. Each run appends one JSON line to ``benchmarks/results/multitask.jsonl``: every member's
-dev metric, seconds per step (wall and process CPU), the loss weights the scheme applied (mean over the run, and at
-the last step), and the command.
+``keep_tokens="data"`` prunes the encoder's vocabulary to the characters of the runs' texts, but only in char mode
+(zhie prunes char-mode vocabularies only): the single-task NER and CWS runs get a pruned embedding, while the
+multi-task runs and the single similarity run (sub-word tokens) keep e5's 250k-row embedding, whose dense AdamW update
+makes their CPU steps slower; compare step times within those groups.
+
+Every run trains ``--steps`` steps (a multi-task step draws one batch of every member) and evaluates once at the end;
+single-task runs (``--single``) train each member alone for the same number of steps with the same batch size. Each
+run appends one JSON line to ``benchmarks/results/multitask.jsonl``: every member's dev metric, seconds per step (wall
+and process CPU), the loss weights the scheme applied (mean over the run, and at the last step), and the command.
 """
 
 from __future__ import annotations
