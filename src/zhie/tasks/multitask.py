@@ -36,7 +36,10 @@ encoder once per member batch with only that member's head, takes each member's 
 ``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that need the tasks'
 gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task. Backward
 passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one for the
-combined loss), 1 for the others. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
+combined loss), 1 for the others. Under several processes (torchrun) each process computes the weights from its own
+batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`` bypasses DDP's hooks); the combined
+loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted gradients. Every
+evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
 ``losses`` and the ``weights`` applied, by member — the sampled member only, on sampled steps), ``task_losses`` and
 ``task_weights`` (their means over the batches that had the member).
 
