@@ -192,6 +192,17 @@ def _positive(value: object, integer: bool = False) -> bool:
     return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
 
 
+def _table(path: Path, data: dict, name: str, keys: tuple[str, ...]) -> dict:
+    """The config's optional ``[name]`` table, checked to be a table of ``keys`` only."""
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {name}: expected a table with {', '.join(keys)}")
+    for key in table:
+        if key not in keys:
+            raise ConfigError(f"{path}: {name}.{key}: not a key of [{name}]; use {', '.join(keys)}")
+    return table
+
+
 def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
     """The members and the ``[weighting]`` table (with ``[sampling]``'s keys added as ``sampling_mode`` and
     ``sampling_temperature``) of a multi-task config file, checked; paths (``train``, ``dev``, file options such as
@@ -253,12 +264,8 @@ def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
                 options[key] = str(file)
         specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size, sampling_weight,
                                 options))
-    weighting = data.get("weighting", {})
-    if not isinstance(weighting, dict):
-        raise ConfigError(f"{path}: weighting: expected a table with {', '.join(WEIGHTING_KEYS)}")
+    weighting = _table(path, data, "weighting", WEIGHTING_KEYS)
     for key, value in weighting.items():
-        if key not in WEIGHTING_KEYS:
-            raise ConfigError(f"{path}: weighting.{key}: not a key of [weighting]; use {', '.join(WEIGHTING_KEYS)}")
         if key == "scheme" and value not in SCHEMES:
             raise ConfigError(f"{path}: weighting.scheme: {value!r} is not one of {', '.join(SCHEMES)}")
         if key == "main" and value not in [s.name for s in specs]:
@@ -269,12 +276,8 @@ def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
             raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {value!r}")
         if key == "gradients" and value not in GRADIENT_SPACES:
             raise ConfigError(f"{path}: weighting.gradients: {value!r} is not one of {', '.join(GRADIENT_SPACES)}")
-    sampling = data.get("sampling", {})
-    if not isinstance(sampling, dict):
-        raise ConfigError(f"{path}: sampling: expected a table with {', '.join(SAMPLING_KEYS)}")
+    sampling = _table(path, data, "sampling", SAMPLING_KEYS)
     for key, value in sampling.items():
-        if key not in SAMPLING_KEYS:
-            raise ConfigError(f"{path}: sampling.{key}: not a key of [sampling]; use {', '.join(SAMPLING_KEYS)}")
         if key == "mode" and value not in SAMPLING:
             raise ConfigError(f"{path}: sampling.mode: {value!r} is not one of {', '.join(SAMPLING)}")
         if key == "temperature" and not _positive(value):
@@ -572,7 +575,7 @@ class MultiTaskLoss(TaskLoss):
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
         device = next(iter(batch.values())).device
-        losses, outputs = [], []
+        losses, outputs, present = [], [], []
         hook = (model.encoder.register_forward_hook(lambda module, args, out: outputs[-1].append(out.last_hidden_state))
                 if self.output_space else None)
         try:
@@ -580,13 +583,14 @@ class MultiTaskLoss(TaskLoss):
                 prefix = f"{name}/"
                 member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
                 outputs.append([])
+                present.append(bool(member_batch))
                 losses.append(objective(model, member_batch).float() if member_batch
                               else torch.zeros((), device=device))
         finally:
             if hook is not None:
                 hook.remove()
         losses = torch.stack(losses)
-        present = torch.tensor([any(k.startswith(f"{name}/") for k in batch) for name in self.names], device=device)
+        present = torch.tensor(present, device=device)
         if self.uncertainty is not None:
             total, weights = self.uncertainty(losses, present), self.uncertainty.weights()
         else:
