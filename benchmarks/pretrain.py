@@ -38,6 +38,7 @@ SIZES = {
     "albert": "new:albert:layers=4,hidden=312,heads=12,intermediate=1248,embedding=128",
     "roformer-v2": "new:roformer-v2:layers=4,hidden=312,heads=12,intermediate=1248",
     "gau-alpha": "new:gau-alpha:layers=8,hidden=312,intermediate=624,key_size=128",
+    "e5-small": "e5-small",  # study c: continued pre-training (domain adaptation)
 }
 TASKS = {  # task, files, head options, the metric
     "cluener": ("ner", "ner/cluener/train.json", "ner/cluener/dev.json", {"head": "gp"}),
@@ -55,8 +56,9 @@ def cmd_pretrain(args) -> None:
     out = Path(args.out) / args.family
     config = PretrainConfig(steps=args.steps, batch_size=args.batch_size, max_length=args.max_length, lr=args.lr,
                             eval_every=args.eval_every, save_every=args.eval_every, seed=args.seed,
-                            heldout=args.heldout)
-    corpus = [DATA / "corpus/wiki.txt", DATA / "corpus/medical.txt"]
+                            heldout=args.heldout, shuffle_buffer=args.shuffle_buffer)
+    general = [DATA / "corpus/wiki.txt", DATA / "corpus/medical.txt"]
+    corpus = general if args.corpus == "general" else medical_corpus(out)
     cpu, wall = time.process_time(), time.perf_counter()
     result = pretrain(corpus, SIZES[args.family], out, config=config, resume=args.resume, overwrite=not args.resume,
                       time_limit_s=args.time_limit * 60 if args.time_limit else None, progress=not args.quiet)
@@ -66,14 +68,27 @@ def cmd_pretrain(args) -> None:
     model, _ = encoders.load(out)
     last = result["history"][-1] if result["history"] else {}
     append_result("pretrain", stamp({
-        "study": "pretrain", "family": args.family, "encoder": SIZES[args.family], "out": str(out),
+        "study": "pretrain", "family": args.family, "corpus": args.corpus, "encoder": SIZES[args.family],
+        "out": str(out),
         "parameters": sum(p.numel() for p in model.parameters()),
         "parameters_without_embeddings": sum(p.numel() for n, p in model.named_parameters() if "embed" not in n),
         "steps": result["step"], "tokens": result["tokens"], "batch_size": args.batch_size,
-        "max_length": args.max_length, "lr": args.lr, "heldout": last.get("heldout"),
+        "max_length": args.max_length, "lr": args.lr, "shuffle_buffer": args.shuffle_buffer,
+        "heldout": last.get("heldout"),
         "history": [{k: h.get(k) for k in ("step", "tokens", "train_loss", "heldout", "tokens_per_s")}
                     for h in result["history"]],
         "tokens_per_s_wall": result["tokens"] / wall, "tokens_per_cpu_s": result["tokens"] / cpu}))
+
+
+def medical_corpus(out: Path) -> list[Path]:
+    """Study c's domain text: the corpus's medical part plus the CMeEE and CMeIE *training* texts (never dev)."""
+    texts = [e.text for e in read_ner(DATA / "ner/cmeee/train.json")]
+    with open(DATA / "re/cmeie/train.jsonl", encoding="utf-8") as f:
+        texts += [json.loads(line)["text"] for line in f if line.strip()]
+    path = out.parent / "medical-task-texts.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
+    return [DATA / "corpus/medical.txt", path]
 
 
 def _sample(items: list, n: int | None) -> list:
@@ -160,6 +175,9 @@ def main() -> None:
     pt.add_argument("--eval-every", type=int, default=250)
     pt.add_argument("--heldout", type=int, default=500)
     pt.add_argument("--seed", type=int, default=0)
+    pt.add_argument("--corpus", default="general", choices=("general", "medical"),
+                    help="general: wiki + medical; medical: medical + CMeEE/CMeIE training texts (study c)")
+    pt.add_argument("--shuffle-buffer", type=int, default=2000, help="sequences (the first batch waits for it)")
     pt.add_argument("--time-limit", type=float, default=None, help="minutes; resume later with --resume")
     pt.add_argument("--resume", action="store_true")
     ft = sub.add_parser("finetune")

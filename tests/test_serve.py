@@ -226,6 +226,19 @@ def test_cli_serve_flags_and_errors(tmp_path, capsys):
     assert "no zhie.json" in capsys.readouterr().err
 
 
+def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
+    import uvicorn
+
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
+    assert main(["serve", str(trained("ner-gp")), "--precision", "bf16", "--port", "8123"]) in (0, None)
+    assert served["port"] == 8123
+    with TestClient(served["app"]) as client:
+        info = client.get("/info").json()
+        assert client.post("/predict", json={"texts": [NESTED]}).status_code == 200
+    assert info["precision"] == "bf16"
+
+
 # ----------------------------------------------------------------------------------------------- the browser
 def _chromium() -> tuple[str | None, str]:
     try:

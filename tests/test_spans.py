@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import f1_score
 from seqeval.metrics.sequence_labeling import get_entities
 
-from zhie.spans import Span, spans_to_tags, tags_to_spans
+from zhie.spans import BatchTagDecoder, Span, spans_to_tags, tags_to_spans
 
 SETTINGS = settings(derandomize=True, max_examples=300, deadline=None)
 TYPES = ["PER", "LOC"]
@@ -55,6 +56,27 @@ def segmentations(draw) -> tuple[list[tuple[int, int, str]], int]:
         spans.append((pos, pos + width, ""))
         pos += width
     return spans, pos
+
+
+# ---------------------------------------------------------------- the batched decoder is tags_to_spans
+
+
+@pytest.mark.parametrize("scheme", [*TYPED_SCHEMES, "BMES"])
+def test_batch_decoder_equals_tags_to_spans_row_by_row(scheme):
+    alphabet = ALPHABETS.get(scheme, ["B", "M", "E", "S"])
+
+    @SETTINGS
+    @given(st.lists(st.lists(st.sampled_from(alphabet), max_size=12), min_size=1, max_size=6), st.data())
+    def check(rows, data):
+        n = max(map(len, rows)) + data.draw(st.integers(0, 2))  # padding, and garbage ids after each row's length
+        ids = np.array([[alphabet.index(t) for t in row] + data.draw(st.lists(
+            st.integers(-1, len(alphabet) - 1), min_size=n - len(row), max_size=n - len(row))) for row in rows])
+        decoder = BatchTagDecoder(alphabet, scheme)
+        b, s, e, k = decoder(ids, [len(row) for row in rows])
+        got = [(r, start, end, decoder.labels[label]) for r, start, end, label in zip(b, s, e, k)]
+        assert got == [(r, *span) for r, row in enumerate(rows) for span in tags_to_spans(row, scheme)]
+
+    check()
 
 
 # ---------------------------------------------------------------- decoding agrees with seqeval

@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-text-length", type=int, default=10_000, help="characters per text (413 above)")
     sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health, the page)")
     sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
+    sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                    help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
 
     ex = sub.add_parser("export", help="export a model to ONNX (decoding stays outside the graph); the export extra")
     ex.add_argument("model", help="model directory (or a run directory with best/)")
@@ -247,7 +249,7 @@ def cmd_serve(args) -> None:
     serve = _extra("zhie.serve", "serve")
     limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
     serve.serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                limits=limits, api_key=args.api_key, device=args.device)
+                limits=limits, api_key=args.api_key, device=args.device, precision=args.precision)
 
 
 def cmd_export(args) -> None:

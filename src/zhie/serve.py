@@ -177,7 +177,7 @@ def _settle(future: asyncio.Future, result: Any = None, error: BaseException | N
 
 def describe(pipe) -> dict:
     """What ``GET /info`` answers: task, output key, labels (a multi-task model: per member), members, the task's
-    configuration, encoder type, runtime, zhie version."""
+    configuration, encoder type, runtime, precision, zhie version."""
     task = pipe.task
     config = asdict(task.config)
     members = [{"name": m.head_name, "task": m.name} for m in getattr(task, "members", [])]
@@ -185,7 +185,8 @@ def describe(pipe) -> dict:
     encoder = getattr(model, "encoder_config", None) or getattr(getattr(model, "encoder", None), "config", None)
     return {"task": task.name, "output_key": task.output_key, "labels": _labels(config), "members": members,
             "config": config, "encoder": getattr(encoder, "model_type", None),
-            "runtime": getattr(model, "runtime", "torch"), "zhie_version": __version__,
+            "runtime": getattr(model, "runtime", "torch"), "precision": getattr(pipe, "precision", "fp32"),
+            "zhie_version": __version__,
             "embeddings": hasattr(pipe, "encode")}
 
 
@@ -326,13 +327,14 @@ def create_app(pipe, *, max_batch: int = 32, max_wait_ms: float = 5.0, limits: L
 
 def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 32,
           max_wait_ms: float = 5.0, limits: Limits | None = None, api_key: str | None = None,
-          device: str | None = None) -> None:
-    """Load ``model_dir`` (a model or export directory) and serve it with uvicorn until interrupted."""
+          device: str | None = None, precision: str = "fp32") -> None:
+    """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
+    until interrupted."""
     import uvicorn
 
     import zhie
 
-    pipe = zhie.load(model_dir, device=device)
+    pipe = zhie.load(model_dir, device=device, precision=precision)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"zhie serve: listening on {host} without --api-key: anyone who can reach it can use the model",
               file=sys.stderr)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, order=True)
 class Span:
@@ -91,6 +93,35 @@ def tags_to_spans(tags: Sequence[str], scheme: str = "BIO") -> list[tuple[int, i
     if start >= 0:
         spans.append((start, len(tags), prev_label))
     return spans
+
+
+class BatchTagDecoder:
+    """:func:`tags_to_spans` for a whole batch of tag-id rows in a few numpy operations (prediction's hot path: a
+    Python loop over every token costs ~100 µs a sentence, as much as a GPU's encoder). ``tags`` are the tag names
+    of the ids, under ``scheme``; the spans are exactly those of :func:`tags_to_spans` on each row."""
+
+    def __init__(self, tags: Sequence[str], scheme: str = "BIO") -> None:
+        parsed = [parse_tag(t, scheme) for t in tags]
+        self.labels = sorted({label for _, label in parsed})
+        self.prefix = np.array(["OBIES".index(p) for p, _ in parsed], dtype=np.int8)
+        self.label = np.array([self.labels.index(label) for _, label in parsed], dtype=np.int64)
+
+    def __call__(self, ids: np.ndarray, lengths: Sequence[int]) -> tuple[np.ndarray, ...]:
+        """``ids [b, n]`` (anything past a row's length is ignored) -> ``(row, start, end, label)`` arrays, one entry
+        per span, rows in order and spans left to right; ``label`` indexes :attr:`labels`."""
+        ids = np.asarray(ids, dtype=np.int64)
+        b, n = ids.shape
+        valid = np.arange(n)[None, :] < np.asarray(lengths, dtype=np.int64).reshape(b, 1)
+        ids = np.where(valid, ids, 0)
+        prefix, label = self.prefix[ids], self.label[ids]
+        continues = np.zeros((b, n), dtype=bool)  # I/E after B/I of the same type (position 0 never continues)
+        inside, opened = np.isin(prefix, (2, 3)), np.isin(prefix, (1, 2))  # I or E; B or I
+        continues[:, 1:] = inside[:, 1:] & opened[:, :-1] & (label[:, 1:] == label[:, :-1])
+        breaks = np.concatenate([~continues | ~valid, np.ones((b, 1), dtype=bool)], axis=1)
+        where = np.where(breaks, np.arange(n + 1)[None, :], n)
+        next_break = np.minimum.accumulate(where[:, ::-1], axis=1)[:, ::-1][:, 1:]  # the first break after each i
+        rows, starts = np.nonzero(~continues & (prefix != 0) & valid)
+        return rows, starts, next_break[rows, starts], label[rows, starts]
 
 
 def _span_tags(width: int, label: str, scheme: str, follows_same_type: bool) -> list[str]:

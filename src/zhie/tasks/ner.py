@@ -28,6 +28,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -37,7 +38,7 @@ from zhie.heads.tagger import IGNORE
 from zhie.losses import global_pointer_loss
 from zhie.metrics import span_prf
 from zhie.multitask.priors import crf_prior, multilabel_prior, softmax_tagging_prior
-from zhie.spans import Span, spans_to_tags, tags_to_spans
+from zhie.spans import BatchTagDecoder, Span, spans_to_tags
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
 from zhie.text import windows
@@ -166,6 +167,8 @@ class TagLabels:
         self.config = config
         self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
         self.label_index = {label: i for i, label in enumerate(config.labels)}
+        self.spans = BatchTagDecoder(config.tags, config.scheme)
+        self.span_label = [self.label_index.get(label, 0) for label in self.spans.labels]  # BMES's "": 0
 
     def build_head(self, hidden_size: int) -> nn.Module:
         c = self.config
@@ -211,11 +214,14 @@ class TagLabels:
         mask = torch.arange(emissions.shape[1], device=emissions.device)[None, :] < torch.tensor(
             lengths, device=emissions.device)[:, None]
         paths = head.decode(emissions, mask)
-        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1).tolist()
-        tags, rows = self.config.tags, []
-        for b, (path, length) in enumerate(zip(paths.tolist(), lengths)):  # one device-to-host copy, no per-span sync
-            rows.append([TokenSpan(s, e, self.label_index.get(label, 0), sum(probs[b][s:e]) / (e - s))
-                         for s, e, label in tags_to_spans([tags[t] for t in path[:length]], self.config.scheme)])
+        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        paths, probs = paths.cpu().numpy(), probs.cpu().numpy()  # one copy each; spans in numpy for the whole batch
+        cumulative = np.concatenate([np.zeros((len(probs), 1)), np.cumsum(probs, axis=1, dtype=np.float64)], axis=1)
+        b, s, e, k = self.spans(paths, lengths)
+        score = (cumulative[b, e] - cumulative[b, s]) / (e - s)  # the mean probability of the span's tags
+        rows: list[list[TokenSpan]] = [[] for _ in lengths]
+        for row, start, end, label, p in zip(b.tolist(), s.tolist(), e.tolist(), k.tolist(), score.tolist()):
+            rows[row].append(TokenSpan(start, end, self.span_label[label], p))
         return rows
 
 
