@@ -151,8 +151,9 @@ class SpanLabels:
 
     def decode(self, head: nn.Module, logits: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
         rows: list[list[TokenSpan]] = [[] for _ in range(logits.shape[0])]
-        hits = (logits > 0).nonzero().tolist()
-        scores = torch.sigmoid(2 * logits.float()[logits > 0]).tolist()
+        positive = logits > 0  # one pass over the [b, types, n, n] cells; only the hits are copied to the host
+        hits = positive.nonzero().tolist()
+        scores = torch.sigmoid(2 * logits[positive].float()).tolist()
         for (b, k, i, j), score in zip(hits, scores):
             rows[b].append(TokenSpan(i - 1, j, k, score))
         return rows
