@@ -179,9 +179,46 @@ def multitask_table() -> str:
     return "\n".join(lines)
 
 
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "–"
+    mean = sum(values) / len(values)
+    if len(values) == 1:
+        return f"{100 * mean:.2f}"
+    std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5  # sample std
+    return f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def pretrain_tables() -> str:
+    """Pre-training runs (tokens, speed, held-out MLM), then fine-tuning grouped by encoder, sharing and task:
+    mean ± sample std over the seeds of the epoch-1 and best dev F1, CPU seconds per epoch (evaluation included)."""
+    lines = ["| family | corpus | parameters (w/o embeddings) | steps × batch × length | tokens | tokens / CPU s | "
+             "held-out MLM loss / accuracy | peak MB |", "|---|---|---|---|---|---|---|---|"]
+    runs = rows("pretrain.jsonl")
+    for r in (r for r in runs if r["study"] == "pretrain"):
+        h = r["heldout"] or {}
+        lines.append(f"| {r['family']} | {r.get('corpus', 'general')} | {r['parameters'] / 1e6:.2f} M "
+                     f"({r['parameters_without_embeddings'] / 1e6:.2f} M) | {r['steps']} × {r['batch_size']} × "
+                     f"{r['max_length']} | {r['tokens'] / 1e6:.2f} M | {r['tokens_per_cpu_s']:.0f} | "
+                     f"{h.get('loss', float('nan')):.3f} / {100 * h.get('accuracy', float('nan')):.1f} % | "
+                     f"{r['peak_memory_mb']:.0f} |")
+    groups: dict[tuple, list[dict]] = {}
+    for r in (r for r in runs if r["study"] == "finetune"):
+        groups.setdefault((r["encoder"], r["unshared"], r["task"], r["head"], r["train_size"]), []).append(r)
+    lines += ["", "| encoder | sharing | task (head) | seeds | dev F1 after epoch 1 | best dev F1 | "
+              "F1 per epoch (first seed) | CPU s / epoch |", "|---|---|---|---|---|---|---|---|"]
+    for (encoder, unshared, task, head, size), rs in groups.items():
+        per_epoch = ", ".join(pct(f) for f in rs[0]["f1_per_epoch"])
+        seconds = sum(r["cpu_s_per_epoch"] for r in rs) / len(rs)  # process CPU time: other jobs do not count
+        lines.append(f"| {Path(encoder).name} | {'dropped' if unshared else 'kept'} | {task} ({head}), {size} train | "
+                     f"{len(rs)} | {_mean_std([r['f1_per_epoch'][0] for r in rs])} | "
+                     f"{_mean_std([r['best_f1'] for r in rs])} | {per_epoch} | {seconds:.0f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
           "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
           "\n\n## Depth\n\n" + depth_table() + "\n\n## Peers and roofline\n\n" + peers_tables() +
-          "\n\n## Multi-task\n\n" + multitask_table())
+          "\n\n## Multi-task\n\n" + multitask_table() + "\n\n## Pre-training\n\n" + pretrain_tables())
