@@ -63,11 +63,17 @@ def prediction_speed(model_dir: Path, texts: list[str], batch_size: int) -> dict
             **roofline(flops_per_token(pipe.model.encoder.config, tokens), sum(tokens) / total, peak)}
 
 
+def options(args) -> dict:
+    """The training options of issue 17 that this run sets (left out: zhie's defaults)."""
+    names = ("ema", "adversarial", "adv_epsilon", "rdrop", "llrd", "precision")
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def run(args) -> dict:
     out = Path(args.out) / f"{args.dataset}-{args.head}"
     train_file, dev_file = dataset_files(args.dataset, Path(args.out))
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
-                         seed=args.seed, max_steps=args.max_steps)
+                         seed=args.seed, max_steps=args.max_steps, **options(args))
     start = time.time()
     result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
                       max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
@@ -81,7 +87,8 @@ def run(args) -> dict:
         "dataset": args.dataset, "head": args.head, "encoder": args.encoder,
         "encoder_layers": args.encoder_layers or "all", "epochs": args.epochs, "max_length": args.max_length,
         "batch_size": args.batch_size, "lr": args.lr, "head_lr": args.head_lr,
-        "crf_lr_multiplier": args.crf_lr_multiplier if args.head == "crf" else None,
+        "crf_lr_multiplier": args.crf_lr_multiplier if args.head == "crf" else None, "seed": args.seed,
+        "options": options(args),
         "dev_f1": result["best"].get("f1"), "dev_precision": result["best"].get("precision"),
         "dev_recall": result["best"].get("recall"), "f1_per_epoch": [h["dev"].get("f1") for h in history],
         "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history), "train_s": round(train_s),
@@ -135,6 +142,12 @@ def main() -> None:
                    help="gp: bert4keras's zero start, as the GP rows before 2026-11-23 were trained")
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--ema", type=float, default=None, help="EMA decay (e.g. 0.999)")
+    p.add_argument("--adversarial", choices=["fgm", "pgd"], default=None)
+    p.add_argument("--adv-epsilon", type=float, default=None)
+    p.add_argument("--rdrop", type=float, default=None, help="R-Drop alpha (taggers)")
+    p.add_argument("--llrd", type=float, default=None, help="layer-wise lr decay")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--compare-hf", action="store_true", help="throughput against HF pipeline (needs --model)")
     p.add_argument("--speed", action="store_true", help="prediction speed of --model on the dev set")

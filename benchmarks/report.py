@@ -37,6 +37,24 @@ def ner_table() -> str:
     return "\n".join(lines)
 
 
+def ner_seeds_table() -> str:
+    """NER runs that differ only in their seed, as one row: dev F1 mean ± sample std (the headline rows of issue 17,
+    and its options table: the options are part of the grouping key)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows("ner.jsonl"):
+        if "seed" in r and not (r.get("compare") or r.get("speed")):
+            key = (r["dataset"], r["head"], r["encoder"], r["epochs"], r["lr"], r["head_lr"], r["batch_size"],
+                   json.dumps(r.get("options", {}), sort_keys=True), r["machine"])
+            groups.setdefault(key, []).append(r)
+    lines = ["| dataset | head | epochs | options | seeds | dev F1 mean ± std | per seed | machine |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (dataset, head, _, epochs, _, _, _, opts, device), rs in groups.items():
+        per_seed = ", ".join(f"{r['seed']}: {pct(r['dev_f1'])}" for r in rs)
+        lines.append(f"| {dataset} | {head} | {epochs} | {opts if opts != '{}' else '–'} | {len(rs)} | "
+                     f"{_mean_std([r['dev_f1'] for r in rs])} | {per_seed} | {device} |")
+    return "\n".join(lines)
+
+
 def hf_table() -> str:
     lines = ["| dataset | texts | zhie sent/s | HF pipeline sent/s | speed-up | machine, date |",
              "|---|---|---|---|---|---|"]
@@ -217,7 +235,7 @@ def pretrain_tables() -> str:
 
 
 if __name__ == "__main__":
-    print("## NER\n\n" + ner_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
+    print("## NER\n\n" + ner_table() + "\n\n" + ner_seeds_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
           "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
           "\n\n## Depth\n\n" + depth_table() + "\n\n## Peers and roofline\n\n" + peers_tables() +
