@@ -228,7 +228,8 @@ def pretrain_tables() -> str:
     for (encoder, unshared, task, head, size), rs in groups.items():
         per_epoch = ", ".join(pct(f) for f in rs[0]["f1_per_epoch"])
         seconds = sum(r["cpu_s_per_epoch"] for r in rs) / len(rs)  # process CPU time: other jobs do not count
-        lines.append(f"| {Path(encoder).name} | {'dropped' if unshared else 'kept'} | {task} ({head}), {size} train | "
+        name = encoder.replace("../runs/", "runs/")
+        lines.append(f"| {name} | {'dropped' if unshared else 'kept'} | {task} ({head}), {size} train | "
                      f"{len(rs)} | {_mean_std([r['f1_per_epoch'][0] for r in rs])} | "
                      f"{_mean_std([r['best_f1'] for r in rs])} | {per_epoch} | {seconds:.0f} |")
     return "\n".join(lines)
