@@ -24,6 +24,7 @@ from roofline import flops_per_token, matmul_peak, roofline, window_tokens
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
+from zhie.precision import PRECISIONS
 from zhie.training import TrainConfig
 
 DATA = DATA / "ner"
@@ -147,7 +148,7 @@ def main() -> None:
     p.add_argument("--adv-epsilon", type=float, default=None)
     p.add_argument("--rdrop", type=float, default=None, help="R-Drop alpha (taggers)")
     p.add_argument("--llrd", type=float, default=None, help="layer-wise lr decay")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default=None)
+    p.add_argument("--precision", choices=PRECISIONS, default=None)
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--compare-hf", action="store_true", help="throughput against HF pipeline (needs --model)")
     p.add_argument("--speed", action="store_true", help="prediction speed of --model on the dev set")

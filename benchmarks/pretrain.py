@@ -30,6 +30,7 @@ from common import DATA, RESULTS, append_result, machine, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
+from zhie.data.spo import read_spo
 from zhie.pretrain import PretrainConfig, pretrain
 from zhie.training import TrainConfig
 
@@ -83,8 +84,7 @@ def cmd_pretrain(args) -> None:
 def medical_corpus(out: Path) -> list[Path]:
     """Study c's domain text: the corpus's medical part plus the CMeEE and CMeIE *training* texts (never dev)."""
     texts = [e.text for e in read_ner(DATA / "ner/cmeee/train.json")]
-    with open(DATA / "re/cmeie/train.jsonl", encoding="utf-8") as f:
-        texts += [json.loads(line)["text"] for line in f if line.strip()]
+    texts += [e.text for e in read_spo(DATA / "re/cmeie/train.jsonl")]
     path = out.parent / "medical-task-texts.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n", encoding="utf-8")
