@@ -16,7 +16,7 @@ import argparse
 import sys
 from datetime import date
 
-from common import DATA, append_result, machine
+from common import DATA, append_result, machine, machine_lock
 
 from zhie import encoders
 from zhie.data import read_ner
@@ -65,4 +65,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

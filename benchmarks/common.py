@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
 import resource
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,6 +17,30 @@ ROOT = Path(__file__).resolve().parents[1]
 # The datasets of ../shared/data; ZHIE_DATA points elsewhere (e.g. a copy carried to a GPU machine).
 DATA = Path(os.environ.get("ZHIE_DATA") or ROOT.parent / "shared" / "data")
 RESULTS = Path(os.environ.get("ZHIE_RESULTS") or ROOT / "benchmarks" / "results")
+# The campaign's run directories, worktrees and the machine lock (benchmarks/campaign.py), outside the repository.
+CAMPAIGN_DIR = Path(os.environ.get("ZHIE_CAMPAIGN_DIR") or ROOT.parent / "campaign")
+LOCK_HELD_ENV = "ZHIE_MACHINE_LOCK_HELD"  # set by the campaign runner for the rows it starts
+
+
+@contextmanager
+def machine_lock(directory: Path = CAMPAIGN_DIR):
+    """Hold the machine for one benchmark: a second benchmark (or the campaign runner's next row) waits until this
+    one ends, so that two never share the cores. A row started by the runner, which holds the lock, passes."""
+    if os.environ.get(LOCK_HELD_ENV):
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "machine.lock").open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another benchmark to finish (lock {directory / 'machine.lock'}; "
+                  f"`python benchmarks/campaign.py status` says which)", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def peak_memory_mb() -> float:

@@ -16,7 +16,7 @@ import time
 from datetime import date
 
 import torch
-from common import DATA, append_result, machine
+from common import DATA, append_result, machine, machine_lock
 
 import zhie
 from zhie.data import read_ner
@@ -59,4 +59,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -19,7 +19,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from common import DATA, RESULTS, append_result, machine
+from common import DATA, RESULTS, append_result, machine, machine_lock
 from safetensors.torch import load_file
 
 import zhie
@@ -116,4 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

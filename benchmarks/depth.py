@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, RESULTS, machine  # noqa: E402
+from common import DATA, RESULTS, machine, machine_lock  # noqa: E402
 
 from zhie.data.cws import read_segmented  # noqa: E402
 from zhie.encoders import build  # noqa: E402
@@ -245,4 +245,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -25,7 +25,7 @@ from datetime import date
 import torch
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from common import append_result, machine  # noqa: E402
+from common import append_result, machine, machine_lock  # noqa: E402
 
 
 def build(family: str, hidden: int, layers: int, length: int):
@@ -121,4 +121,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -17,7 +17,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from common import DATA, append_result, machine
+from common import DATA, append_result, machine, machine_lock
 
 import zhie
 from zhie.data import read_ner
@@ -85,4 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA, RESULTS  # noqa: E402
+from common import DATA, RESULTS, machine_lock  # noqa: E402
 
 import zhie  # noqa: E402,F401
 from zhie.data import read_ner  # noqa: E402
@@ -275,4 +275,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

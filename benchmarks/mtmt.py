@@ -29,7 +29,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import DATA, RESULTS, append_result, machine
+from common import DATA, RESULTS, append_result, machine, machine_lock
 
 import zhie
 from zhie import encoders
@@ -160,4 +160,5 @@ def summarise(start: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -30,7 +30,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import DATA, append_result, machine, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
@@ -168,4 +168,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

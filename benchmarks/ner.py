@@ -19,7 +19,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from common import DATA, append_result, machine, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb
 from roofline import flops_per_token, matmul_peak, roofline, window_tokens
 
 import zhie
@@ -74,7 +74,7 @@ def run(args) -> dict:
     out = Path(args.out) / f"{args.dataset}-{args.head}"
     train_file, dev_file = dataset_files(args.dataset, Path(args.out))
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
-                         seed=args.seed, max_steps=args.max_steps, **options(args))
+                         seed=args.seed, max_steps=args.max_steps, save_every=args.save_every, **options(args))
     start = time.time()
     result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
                       max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
@@ -149,6 +149,8 @@ def main() -> None:
     p.add_argument("--rdrop", type=float, default=None, help="R-Drop alpha (taggers)")
     p.add_argument("--llrd", type=float, default=None, help="layer-wise lr decay")
     p.add_argument("--precision", choices=PRECISIONS, default=None)
+    p.add_argument("--save-every", type=int, default=None,
+                   help="checkpoint every N steps (besides each epoch end), so that a stopped run loses less")
     p.add_argument("--out", default="runs/bench")
     p.add_argument("--compare-hf", action="store_true", help="throughput against HF pipeline (needs --model)")
     p.add_argument("--speed", action="store_true", help="prediction speed of --model on the dev set")
@@ -167,4 +169,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -384,4 +384,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common import machine_lock
+
+    with machine_lock():
+        main()

@@ -26,7 +26,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import DATA, RESULTS, append_result, machine, peak_memory_mb
+from common import DATA, RESULTS, append_result, machine, machine_lock, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
@@ -202,4 +202,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

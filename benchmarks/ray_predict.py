@@ -23,7 +23,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import append_result, machine
+from common import append_result, machine, machine_lock
 from stream import tiny_model
 
 from zhie import demo
@@ -106,4 +106,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

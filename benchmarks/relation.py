@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import DATA, append_result, machine, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb
 
 import zhie
 from zhie.data.spo import read_schema, read_spo
@@ -201,4 +201,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

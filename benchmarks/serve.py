@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from common import DATA, append_result, machine
+from common import DATA, append_result, machine, machine_lock
 
 from zhie.data import read_ner
 
@@ -107,4 +107,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -22,7 +22,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import append_result, machine
+from common import append_result, machine, machine_lock
 
 import zhie
 from zhie import demo
@@ -88,4 +88,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -17,7 +17,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-from common import DATA, append_result, machine, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb
 
 import zhie
 from zhie.data.sts import read_pairs
@@ -70,4 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import DATA, append_result, machine
+from common import DATA, append_result, machine, machine_lock
 
 import zhie
 from zhie import encoders
@@ -122,4 +122,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with machine_lock():
+        main()

@@ -1,0 +1,300 @@
+"""The benchmark campaign: long runs from a plan, one at a time, resumable across sessions.
+
+    python benchmarks/campaign.py status              # done / running / failed / left, with CPU-time estimates
+    nohup python benchmarks/campaign.py run >> ../campaign/runner.log 2>&1 &   # every missing row, in plan order
+    python benchmarks/campaign.py run --only gp-start/ --max-rows 2
+
+The plan (``benchmarks/campaign.toml``, committed) names a commit and lists rows, each a stable ``key``, a
+``command`` and an ``estimate_cpu_min``. ``run`` executes the rows whose key has no line in
+``benchmarks/results/campaign.jsonl`` yet:
+
+- from a git worktree of the plan's commit outside the repository (``<dir>/worktrees/<commit>``), with that
+  worktree's ``src`` first on ``PYTHONPATH``: what changes on main meanwhile neither breaks a resumed row nor mixes
+  two versions in one table. Moving the plan to a newer commit is a deliberate edit of the plan;
+- one at a time under ``nice``, holding the machine lock (:func:`common.machine_lock`): a second runner, or any
+  benchmark script started by hand, waits for the row to end instead of sharing the cores;
+- in a run directory of its own (``<dir>/runs/<key>``) that outlives the runner: the benchmarks train with
+  ``resume=True``, so a row stopped by the end of a session continues from its ``checkpoint.pt`` (zhie's exact
+  resume) the next time ``run`` reaches it, on the same machine;
+- a row's benchmark writes its JSON lines to ``ZHIE_RESULTS`` (the run directory); when the command exits 0 the
+  runner appends one line to ``campaign.jsonl``: the key, the plan's commit, the seed, the command, the CPU and
+  wall seconds over every session, the load average, and the benchmark's own lines (every option it records).
+  A failed row is logged in ``<dir>/failed.jsonl`` with its stderr tail and retried by the next ``run``.
+
+``<dir>`` is ``ZHIE_CAMPAIGN_DIR`` or ``../campaign`` beside the repository. Placeholders in a command:
+``{python}`` (this interpreter), ``{run_dir}``, ``{data}`` (the datasets). Timings of campaign rows are not
+performance figures: the rows run niced beside the session's other work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import tomllib
+from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock
+
+PLAN = ROOT / "benchmarks" / "campaign.toml"
+RESULTS = ROOT / "benchmarks" / "results" / "campaign.jsonl"
+DIR = CAMPAIGN_DIR
+KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+
+
+class PlanError(Exception):
+    pass
+
+
+def read_plan(path: Path) -> tuple[str, list[dict]]:
+    """The plan's commit and rows, checked: unique keys, a command and an estimate each."""
+    try:
+        plan = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise PlanError(f"{path}: {e}") from None
+    commit, rows = plan.get("commit"), plan.get("row", [])
+    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        raise PlanError(f"{path}: `commit` must be a git commit hash, got {commit!r}")
+    seen = set()
+    for i, row in enumerate(rows):
+        where = f"{path}: row {i + 1}"
+        if not isinstance(row.get("key"), str) or not KEY.match(row["key"]) or ".." in row["key"]:
+            raise PlanError(f"{where}: `key` must be letters, digits and . _ / - (got {row.get('key')!r})")
+        if row["key"] in seen:
+            raise PlanError(f"{where}: key {row['key']!r} appears twice")
+        seen.add(row["key"])
+        if not isinstance(row.get("command"), str) or not row["command"].strip():
+            raise PlanError(f"{where} ({row['key']}): `command` is missing")
+        if not isinstance(row.get("estimate_cpu_min", 0), (int, float)):
+            raise PlanError(f"{where} ({row['key']}): `estimate_cpu_min` must be a number")
+    return commit, rows
+
+
+def read_results(path: Path) -> dict[str, dict]:
+    if not path.exists():
+        return {}
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {line["key"]: line for line in lines}
+
+
+def run_dir(directory: Path, key: str) -> Path:
+    return directory / "runs" / key.replace("/", "__")
+
+
+def worktree(repo: Path, commit: str, directory: Path) -> Path:
+    """A detached worktree of ``commit`` under ``directory`` (made once, reused by every row of the plan)."""
+    path = directory / "worktrees" / commit
+    if not (path / ".git").exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], check=True)
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(path), commit], check=True,
+                       stdout=subprocess.DEVNULL)
+    return path
+
+
+def seed_of(command: str) -> int | None:
+    match = re.search(r"--seeds?[ =](\d+)", command)
+    return int(match.group(1)) if match else None
+
+
+def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) -> bool:
+    """Run one row to its end (or resume it); True when it finished and its line was appended."""
+    out = run_dir(directory, row["key"])
+    (out / "results").mkdir(parents=True, exist_ok=True)
+    for old in (out / "results").glob("*.jsonl"):  # what an interrupted session's command had written
+        old.unlink()
+    command = row["command"].format(python=sys.executable, run_dir=out, data=DATA)
+    env = {**os.environ, LOCK_HELD_ENV: "1", "ZHIE_RESULTS": str(out / "results"), "ZHIE_DATA": str(DATA),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")]))}
+    sessions_path = out / "sessions.json"
+    sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []
+    session = {"started": _now(), "load_start": os.getloadavg()[0]}
+    sessions.append(session)
+    print(f"[campaign] {row['key']}: {command}" + (f" (session {len(sessions)})" if len(sessions) > 1 else ""),
+          flush=True)
+    before = os.times()
+    start = time.time()
+    proc = subprocess.Popen(["nice", "-n", "10", *shlex.split(command)], cwd=tree, env=env,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    stopped = []
+
+    def stop(signum, frame):  # the session ends: stop the row, which resumes from its checkpoint next time
+        stopped.append(signum)
+        proc.send_signal(signal.SIGTERM)
+
+    old_handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stderr_tail = _tail(proc.stderr)
+        code = proc.wait()
+    finally:
+        for s, handler in old_handlers.items():
+            signal.signal(s, handler)
+        after = os.times()
+        session.update(wall_s=round(time.time() - start, 1), load_end=os.getloadavg()[0],
+                       cpu_s=round(after.children_user + after.children_system
+                                   - before.children_user - before.children_system, 1))
+        sessions_path.write_text(json.dumps(sessions, indent=1))
+    if stopped:
+        print(f"[campaign] {row['key']}: stopped; `run` resumes it", flush=True)
+        raise KeyboardInterrupt
+    if code != 0:
+        with (directory / "failed.jsonl").open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"key": row["key"], "commit": commit, "exit": code, "finished": _now(),
+                                "stderr_tail": stderr_tail}, ensure_ascii=False) + "\n")
+        print(f"[campaign] {row['key']}: exit {code}\n{stderr_tail}", flush=True)
+        return False
+    lines = [json.loads(line) for path in sorted((out / "results").glob("*.jsonl"))
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    record = {"key": row["key"], "commit": commit, "seed": seed_of(command), "command": row["command"],
+              "cpu_s": round(sum(s.get("cpu_s", 0) for s in sessions), 1),
+              "wall_s": round(sum(s.get("wall_s", 0) for s in sessions), 1), "sessions": len(sessions),
+              "load_avg": [round(s["load_start"], 2) for s in sessions], "finished": _now(), "results": lines}
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    for checkpoint in out.rglob("checkpoint.pt"):  # the row is done: its resumable state is only disk now
+        checkpoint.unlink()
+    print(f"[campaign] {row['key']}: done in {record['cpu_s'] / 60:.0f} CPU min", flush=True)
+    return True
+
+
+def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str | None, max_rows: int | None) -> int:
+    commit, rows = read_plan(plan_path)
+    done = 0
+    failed: set[str] = set()
+    while max_rows is None or done < max_rows:
+        with machine_lock(directory):  # taken per row: a benchmark started by hand gets its turn between rows
+            finished = read_results(results)
+            todo = [r for r in rows if r["key"] not in finished and r["key"] not in failed
+                    and (only is None or r["key"].startswith(only))]
+            if not todo:
+                break
+            row = todo[0]
+            tree = worktree(repo, commit, directory)
+            (directory / "running.json").write_text(json.dumps({"key": row["key"], "pid": os.getpid(),
+                                                                 "since": _now()}))
+            try:
+                ok = run_row(row, commit, tree, directory, results)
+            finally:
+                (directory / "running.json").unlink(missing_ok=True)
+        done += ok
+        if not ok:
+            failed.add(row["key"])
+    return 1 if failed else 0
+
+
+def status(plan_path: Path, results: Path, directory: Path) -> str:
+    commit, rows = read_plan(plan_path)
+    finished = read_results(results)
+    running = {}
+    if (directory / "running.json").exists():
+        running = json.loads((directory / "running.json").read_text())
+        if not _alive(running.get("pid")):
+            running = {}
+    failures = {}
+    if (directory / "failed.jsonl").exists():
+        for line in (directory / "failed.jsonl").read_text(encoding="utf-8").splitlines():
+            failures[json.loads(line)["key"]] = json.loads(line)
+    lines, left_min, done_min, estimate_done = [], 0.0, 0.0, 0.0
+    for row in rows:
+        key, estimate = row["key"], float(row.get("estimate_cpu_min", 0))
+        if key in finished:
+            cpu_min = finished[key]["cpu_s"] / 60
+            done_min += cpu_min
+            estimate_done += estimate
+            lines.append(f"  done     {key}  ({cpu_min:.0f} CPU min, commit {finished[key]['commit'][:10]})")
+            continue
+        left_min += estimate
+        state = "running " if running.get("key") == key else "failed  " if key in failures else "left    "
+        note = f"~{estimate:.0f} CPU min"
+        progress = _progress(run_dir(directory, key))
+        if progress:
+            note += f"; {progress}"
+        if key in failures:
+            note += f"; exit {failures[key]['exit']} at {failures[key]['finished']}"
+        lines.append(f"  {state} {key}  ({note})")
+    n_done = sum(r["key"] in finished for r in rows)
+    head = (f"campaign {plan_path.name} at commit {commit[:10]}: {n_done} done, {len(rows) - n_done} left "
+            f"(~{left_min / 60:.1f} CPU h by the plan's estimates")
+    if estimate_done:
+        head += f"; the done rows took {done_min / estimate_done:.2f}x their estimates"
+    head += f"); running: {running.get('key', 'nothing')}"
+    return "\n".join([head, *lines])
+
+
+def _progress(out: Path) -> str:
+    """How far an unfinished row's training got: its last evaluation and its sessions so far."""
+    parts = []
+    metrics = sorted(out.rglob("metrics.jsonl"))
+    if metrics:
+        last = metrics[-1].read_text(encoding="utf-8").strip().splitlines()
+        if last:
+            record = json.loads(last[-1])
+            parts.append(f"epoch {record.get('epoch')}, step {record.get('step')}")
+    sessions = out / "sessions.json"
+    if sessions.exists():
+        n = len(json.loads(sessions.read_text()))
+        parts.append(f"{n} session{'s' if n > 1 else ''} so far")
+    return ", ".join(parts)
+
+
+def _die_with_parent() -> None:
+    """In the row's process, before it starts: end it when the runner dies, even by SIGKILL (Linux), so that no
+    orphaned row trains on beside the next runner's."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def _tail(stream, n: int = 40) -> str:
+    """Copy a child's stderr through to ours as it comes, keeping its last ``n`` lines."""
+    last: list[str] = []
+    for line in stream:
+        sys.stderr.write(line)
+        last = (last + [line])[-n:]
+    return "".join(last)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("action", choices=["run", "status"])
+    p.add_argument("--plan", type=Path, default=PLAN)
+    p.add_argument("--results", type=Path, default=RESULTS, help="the campaign's JSON lines (default: %(default)s)")
+    p.add_argument("--dir", type=Path, default=DIR, help="run directories, worktrees, lock (default: %(default)s)")
+    p.add_argument("--repo", type=Path, default=ROOT, help="the git repository the plan's commit is in")
+    p.add_argument("--only", help="run only the rows whose key starts with this")
+    p.add_argument("--max-rows", type=int, help="stop after this many finished rows")
+    args = p.parse_args(argv)
+    try:
+        if args.action == "status":
+            print(status(args.plan, args.results, args.dir))
+            return 0
+        return run(args.plan, args.results, args.dir, args.repo, args.only, args.max_rows)
+    except KeyboardInterrupt:
+        return 130
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
