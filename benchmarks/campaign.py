@@ -117,6 +117,7 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
     sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []
     session = {"started": _now(), "load_start": os.getloadavg()[0]}
     sessions.append(session)
+    sessions_path.write_text(json.dumps(sessions, indent=1))  # a runner killed outright leaves this much
     print(f"[campaign] {row['key']}: {command}" + (f" (session {len(sessions)})" if len(sessions) > 1 else ""),
           flush=True)
     before = os.times()
@@ -154,6 +155,7 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     record = {"key": row["key"], "commit": commit, "seed": seed_of(command), "command": row["command"],
               "cpu_s": round(sum(s.get("cpu_s", 0) for s in sessions), 1),
+              "cpu_s_complete": all("cpu_s" in s for s in sessions),  # False: a session's runner was killed
               "wall_s": round(sum(s.get("wall_s", 0) for s in sessions), 1), "sessions": len(sessions),
               "load_avg": [round(s["load_start"], 2) for s in sessions], "finished": _now(), "results": lines}
     results.parent.mkdir(parents=True, exist_ok=True)

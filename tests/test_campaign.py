@@ -1,0 +1,112 @@
+"""benchmarks/campaign.py: a plan of two tiny training runs, the second killed mid-training with its runner (as at
+the end of a session) and resumed by the next ``run``, gives the same rows as the plan run without a break."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CAMPAIGN = ROOT / "benchmarks" / "campaign.py"
+
+ROW = '''
+import json, os, sys
+from pathlib import Path
+
+import zhie
+from zhie import demo
+from zhie.data import write_ner_jsonl
+from zhie.training import TrainConfig
+
+n, out = int(sys.argv[1]), Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+write_ner_jsonl(demo.make_corpus(n, seed=1), out / "train.jsonl")
+write_ner_jsonl(demo.make_corpus(20, seed=2), out / "dev.jsonl")
+checkpoint = out / "run" / "checkpoint.pt"
+if checkpoint.exists():
+    import torch
+    print("resumed at step", torch.load(checkpoint, weights_only=False)["progress"]["step"], file=sys.stderr)
+config = TrainConfig(epochs=3, batch_size=4, lr=2e-3, seed=int(sys.argv[4]), save_every=1)
+result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder="tiny", head="gp",
+                  max_length=32, config=config, resume=True, progress=False)
+history = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+row = {"n": n, "best": result["best"], "steps": result["steps"], "losses": [h["train_loss"] for h in history]}
+results = Path(os.environ["ZHIE_RESULTS"])
+with (results / "tiny.jsonl").open("a") as f:
+    f.write(json.dumps(row) + "\\n")
+'''
+
+
+def _repo(path: Path) -> Path:
+    """A git repository holding the row script, and a plan of two rows at its commit."""
+    path.mkdir()
+    (path / "benchmarks").mkdir()
+    (path / "benchmarks" / "row.py").write_text(ROW)
+    git = ["git", "-C", str(path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "rows"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    rows = [("tiny/short", 12, 1), ("tiny/long", 80, 2)]
+    (path / "plan.toml").write_text(f'commit = "{commit}"\n' + "".join(
+        f'\n[[row]]\nkey = "{key}"\ncommand = "{{python}} benchmarks/row.py {n} {{run_dir}} --seed {seed}"\n'
+        f"estimate_cpu_min = 1\n" for key, n, seed in rows))
+    return path
+
+
+def _runner(repo: Path, work: Path, action: str = "run") -> list[str]:
+    return [sys.executable, str(CAMPAIGN), action, "--plan", str(repo / "plan.toml"), "--results",
+            str(work / "campaign.jsonl"), "--dir", str(work / "dir"), "--repo", str(repo)]
+
+
+def _rows(work: Path) -> list[dict]:
+    """The finished rows without what depends on the clock."""
+    lines = [json.loads(line) for line in (work / "campaign.jsonl").read_text().splitlines()]
+    clock = ("cpu_s", "cpu_s_complete", "wall_s", "sessions", "load_avg", "finished")
+    return [{k: v for k, v in line.items() if k not in clock} for line in lines]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the runner ties a row's life to its own with prctl (Linux)")
+def test_interrupted_plan_resumes_to_the_same_rows(tmp_path):
+    repo = _repo(tmp_path / "repo")
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+
+    subprocess.run(_runner(repo, whole), check=True, capture_output=True)
+
+    runner = subprocess.Popen(_runner(repo, broken), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint = broken / "dir" / "runs" / "tiny__long" / "run" / "checkpoint.pt"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and runner.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    runner.send_signal(signal.SIGKILL)  # the session ends: no chance to clean up; the row dies with its runner
+    runner.wait()
+    time.sleep(1.0)  # the row's process ends on its parent's death (PR_SET_PDEATHSIG)
+    state = torch.load(checkpoint, weights_only=False)
+    assert not state["progress"]["finished"] and 0 < state["progress"]["step"] < 60, "not stopped mid-training"
+    assert [row["key"] for row in _rows(broken)] == ["tiny/short"]
+    status = subprocess.run(_runner(repo, broken, "status"), check=True, capture_output=True, text=True).stdout
+    assert "1 done, 1 left" in status and "left     tiny/long" in status and "1 session so far" in status
+
+    resumed = subprocess.run(_runner(repo, broken), check=True, capture_output=True, text=True).stderr
+    assert f"resumed at step {state['progress']['step']}" in resumed
+    assert _rows(broken) == _rows(whole)
+    line = json.loads((broken / "campaign.jsonl").read_text().splitlines()[1])
+    assert line["sessions"] == 2 and line["seed"] == 2 and not line["cpu_s_complete"]
+    assert not checkpoint.exists()  # a finished row keeps its model, not its resumable state
+    status = subprocess.run(_runner(repo, broken, "status"), check=True, capture_output=True, text=True).stdout
+    assert "2 done, 0 left" in status
+
+
+def test_bad_plan_is_refused_with_its_place(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text('commit = "abc1234"\n[[row]]\nkey = "x"\ncommand = "true"\n[[row]]\nkey = "x"\ncommand = "true"\n')
+    done = subprocess.run([sys.executable, str(CAMPAIGN), "status", "--plan", str(plan), "--dir", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and f"{plan}: row 2: key 'x' appears twice" in done.stderr
