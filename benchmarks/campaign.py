@@ -2,28 +2,29 @@
 
     python benchmarks/campaign.py status              # done / running / failed / left, with CPU-time estimates
     nohup python benchmarks/campaign.py run >> ../campaign/runner.log 2>&1 &   # every missing row, in plan order
-    python benchmarks/campaign.py run --only gp-start/ --max-rows 2
+    python benchmarks/campaign.py run --only a/gp-start/ --max-rows 2
 
 The plan (``benchmarks/campaign.toml``, committed) names a commit and lists rows, each a stable ``key``, a
-``command`` and an ``estimate_cpu_min``. ``run`` executes the rows whose key has no line in
-``benchmarks/results/campaign.jsonl`` yet:
+``command``, an ``estimate_cpu_min`` and, when it needs a newer benchmark than the plan's commit has, a ``commit``
+of its own. ``run`` executes the rows whose key has no line in ``benchmarks/results/campaign.jsonl`` yet:
 
-- from a git worktree of the plan's commit outside the repository (``<dir>/worktrees/<commit>``), with that
+- from a git worktree of the row's commit outside the repository (``<dir>/worktrees/<commit>``), with that
   worktree's ``src`` first on ``PYTHONPATH``: what changes on main meanwhile neither breaks a resumed row nor mixes
-  two versions in one table. Moving the plan to a newer commit is a deliberate edit of the plan;
+  two versions in one table. Moving rows to a newer commit is a deliberate edit of the plan;
 - one at a time under ``nice``, holding the machine lock (:func:`common.machine_lock`): a second runner, or any
   benchmark script started by hand, waits for the row to end instead of sharing the cores;
 - in a run directory of its own (``<dir>/runs/<key>``) that outlives the runner: the benchmarks train with
   ``resume=True``, so a row stopped by the end of a session continues from its ``checkpoint.pt`` (zhie's exact
   resume) the next time ``run`` reaches it, on the same machine;
 - a row's benchmark writes its JSON lines to ``ZHIE_RESULTS`` (the run directory); when the command exits 0 the
-  runner appends one line to ``campaign.jsonl``: the key, the plan's commit, the seed, the command, the CPU and
+  runner appends one line to ``campaign.jsonl``: the key, the row's commit, the seed, the command, the CPU and
   wall seconds over every session, the load average, and the benchmark's own lines (every option it records).
   A failed row is logged in ``<dir>/failed.jsonl`` with its stderr tail and retried by the next ``run``.
 
 ``<dir>`` is ``ZHIE_CAMPAIGN_DIR`` or ``../campaign`` beside the repository. Placeholders in a command:
-``{python}`` (this interpreter), ``{run_dir}``, ``{data}`` (the datasets). Timings of campaign rows are not
-performance figures: the rows run niced beside the session's other work.
+``{python}`` (this interpreter), ``{run_dir}``, ``{runs}`` (every row's run directory: a row may reuse another's
+models), ``{data}`` (the datasets). Timings of campaign rows are not performance figures: the rows run niced beside
+the session's other work.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ def read_plan(path: Path) -> tuple[str, list[dict]]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise PlanError(f"{path}: {e}") from None
     commit, rows = plan.get("commit"), plan.get("row", [])
-    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+    if not _is_commit(commit):
         raise PlanError(f"{path}: `commit` must be a git commit hash, got {commit!r}")
     seen = set()
     for i, row in enumerate(rows):
         where = f"{path}: row {i + 1}"
+        if not _is_commit(row.setdefault("commit", commit)):
+            raise PlanError(f"{where}: `commit` must be a git commit hash, got {row['commit']!r}")
         if not isinstance(row.get("key"), str) or not KEY.match(row["key"]) or ".." in row["key"]:
             raise PlanError(f"{where}: `key` must be letters, digits and . _ / - (got {row.get('key')!r})")
         if row["key"] in seen:
@@ -75,6 +78,10 @@ def read_plan(path: Path) -> tuple[str, list[dict]]:
         if not isinstance(row.get("estimate_cpu_min", 0), (int, float)):
             raise PlanError(f"{where} ({row['key']}): `estimate_cpu_min` must be a number")
     return commit, rows
+
+
+def _is_commit(value) -> bool:
+    return isinstance(value, str) and re.fullmatch(r"[0-9a-f]{7,40}", value) is not None
 
 
 def read_results(path: Path) -> dict[str, dict]:
@@ -110,7 +117,7 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
     (out / "results").mkdir(parents=True, exist_ok=True)
     for old in (out / "results").glob("*.jsonl"):  # what an interrupted session's command had written
         old.unlink()
-    command = row["command"].format(python=sys.executable, run_dir=out, data=DATA)
+    command = row["command"].format(python=sys.executable, run_dir=out, runs=directory / "runs", data=DATA)
     env = {**os.environ, LOCK_HELD_ENV: "1", "ZHIE_RESULTS": str(out / "results"), "ZHIE_DATA": str(DATA),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")]))}
     sessions_path = out / "sessions.json"
@@ -179,11 +186,11 @@ def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str |
             if not todo:
                 break
             row = todo[0]
-            tree = worktree(repo, commit, directory)
+            tree = worktree(repo, row["commit"], directory)
             (directory / "running.json").write_text(json.dumps({"key": row["key"], "pid": os.getpid(),
                                                                  "since": _now()}))
             try:
-                ok = run_row(row, commit, tree, directory, results)
+                ok = run_row(row, row["commit"], tree, directory, results)
             finally:
                 (directory / "running.json").unlink(missing_ok=True)
         done += ok

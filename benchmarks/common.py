@@ -8,6 +8,7 @@ import os
 import platform
 import resource
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,3 +63,17 @@ def append_result(name: str, row: dict) -> None:
     with (RESULTS / f"{name}.jsonl").open("a", encoding="utf-8") as f:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
     print(json.dumps(row, ensure_ascii=False))
+
+
+def once(directory: Path, fn, *args, **kwargs) -> dict:
+    """``fn(*args, **kwargs)`` (a dict) unless ``directory/done.json`` holds it from an earlier session; kept there
+    with the seconds it took. With trainings that resume from their checkpoint, a benchmark of several runs then
+    continues where a stopped session left it (benchmarks/campaign.py) and prints the same rows."""
+    marker = directory / "done.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    start = time.perf_counter()
+    result = {**(fn(*args, **kwargs) or {}), "seconds": round(time.perf_counter() - start, 1)}
+    directory.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps(result, ensure_ascii=False))
+    return result

@@ -25,11 +25,10 @@ import json
 import random
 import statistics
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
-from common import DATA, RESULTS, append_result, machine, machine_lock
+from common import DATA, RESULTS, append_result, machine, machine_lock, once
 
 import zhie
 from zhie import encoders
@@ -75,38 +74,46 @@ def f1_of(model_dir: Path, dev: Path) -> dict:
 
 def run_seed(args, seed: int, files: dict[str, Path], encoder: Path, base: dict) -> None:
     out = args.out / f"seed{seed}"
-    teacher = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed)
+    teacher = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
+                          save_every=args.save_every)
     word_ner = {"format": "jsonl", "mode": "word", "head": "softmax", "max_length": args.max_length}
 
     def record(system: str, metrics: dict, seconds: float, **extra) -> None:
-        append_result("mtmt", {**base, "system": system, "seed": seed, **metrics, "train_s": round(seconds, 1),
-                               **extra})
+        append_result("mtmt", {**base, "system": system, "seed": seed, **metrics, "train_s": seconds, **extra})
 
-    def timed(fn, *a, **kw) -> float:
-        start = time.perf_counter()
-        fn(*a, **kw)
-        return time.perf_counter() - start
+    def fit_and_score(task: str, train: Path, dev: Path, directory: Path, **options) -> dict:
+        zhie.fit(task, train, dev, out=directory, encoder=str(encoder), config=teacher, resume=True, progress=False,
+                 **options)
+        return f1_of(directory, files["de_dev"]) if task == "ner" else {}
 
-    rec_s = timed(zhie.fit, "ner", files["en_train"], files["en_dev"], out=out / "recognizer", encoder=str(encoder),
-                  config=teacher, resume=False, progress=False, **word_ner)
+    rec = once(out / "recognizer", fit_and_score, "ner", files["en_train"], files["en_dev"], out / "recognizer",
+               **word_ner)
     if "direct" in args.systems:
-        record("direct", f1_of(out / "recognizer", files["de_dev"]), rec_s)
-    ev_s = timed(zhie.fit, "xner-evaluator", files["en_train"], files["en_dev"], out=out / "evaluator",
-                 encoder=str(encoder), format="jsonl", max_length=args.max_length, pairs=args.evaluator_pairs,
-                 dev_pairs=min(args.evaluator_pairs, 1000), config=teacher, resume=False, progress=False)
-    ev_metrics = zhie.load(out / "evaluator").evaluate(read_ner(files["en_dev"], "jsonl"))
+        record("direct", {k: v for k, v in rec.items() if k != "seconds"}, rec["seconds"])
+    ev = once(out / "evaluator", fit_and_score, "xner-evaluator", files["en_train"], files["en_dev"],
+              out / "evaluator", format="jsonl", max_length=args.max_length, pairs=args.evaluator_pairs,
+              dev_pairs=min(args.evaluator_pairs, 1000))
+    ev_metrics = once(out / "evaluator-dev", lambda: zhie.load(out / "evaluator").evaluate(
+        read_ner(files["en_dev"], "jsonl")))
     for system in [x for x in ORDER if x in args.systems]:  # the ablations last: a cut-short run has the main rows
         if system == "supervised":
-            s = timed(zhie.fit, "ner", files["de_train"], files["de_dev"], out=out / "supervised",
-                      encoder=str(encoder), config=teacher, resume=False, progress=False, **word_ner)
-            record("supervised", f1_of(out / "supervised", files["de_dev"]), s)
+            sup = once(out / "supervised", fit_and_score, "ner", files["de_train"], files["de_dev"],
+                       out / "supervised", **word_ner)
+            record("supervised", {k: v for k, v in sup.items() if k != "seconds"}, sup["seconds"])
             continue
-        student = TrainConfig(epochs=args.student_epochs, batch_size=args.batch_size, lr=args.student_lr, seed=seed)
-        s = timed(distill, out / "recognizer", out / "evaluator", files["de_train"], out=out / system,
-                  dev=files["de_dev"], format="jsonl", encoder=str(encoder), pairs=args.pairs, config=student,
-                  resume=False, progress=False, **STUDENTS[system])
-        record(system, f1_of(out / system, files["de_dev"]), s, teachers_s=round(rec_s + ev_s, 1),
-               evaluator_f1=ev_metrics["f1"], evaluator_accuracy=ev_metrics["accuracy"])
+        student = TrainConfig(epochs=args.student_epochs, batch_size=args.batch_size, lr=args.student_lr, seed=seed,
+                              save_every=args.save_every)
+
+        def distil_and_score(system=system, student=student) -> dict:
+            distill(out / "recognizer", out / "evaluator", files["de_train"], out=out / system, dev=files["de_dev"],
+                    format="jsonl", encoder=str(encoder), pairs=args.pairs, config=student, resume=True,
+                    progress=False, **STUDENTS[system])
+            return f1_of(out / system, files["de_dev"])
+
+        result = once(out / system, distil_and_score)
+        record(system, {k: v for k, v in result.items() if k != "seconds"}, result["seconds"],
+               teachers_s=round(rec["seconds"] + ev["seconds"], 1), evaluator_f1=ev_metrics["f1"],
+               evaluator_accuracy=ev_metrics["accuracy"])
 
 
 def main() -> None:
@@ -128,6 +135,7 @@ def main() -> None:
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps besides each epoch end")
     args = p.parse_args()
 
     data = args.out / "data"
@@ -140,7 +148,8 @@ def main() -> None:
     base = {"encoder": args.encoder, "encoder_layers": args.encoder_layers, "src_train": args.src_train,
             "src_dev": args.src_dev, "tgt_train": args.tgt_train, "dev": args.dev, "epochs": args.epochs,
             "student_epochs": args.student_epochs, "pairs": args.pairs, "evaluator_pairs": args.evaluator_pairs,
-            "lr": args.lr, "student_lr": args.student_lr, "machine": machine(), "date": date.today().isoformat(),
+            "lr": args.lr, "student_lr": args.student_lr, "max_length": args.max_length, "machine": machine(),
+            "date": date.today().isoformat(),
             "command": "python " + " ".join(sys.argv)}
     start = len(RESULTS_FILE.read_text(encoding="utf-8").splitlines()) if RESULTS_FILE.exists() else 0
     for seed in args.seeds:

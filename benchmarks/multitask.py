@@ -9,10 +9,10 @@ Suites (datasets from ../shared/data, subsampled with a fixed seed-0 shuffle to 
   (EGP's multilabel CE over all cells, the CRF's sentence NLL, CoSENT's log-sum-exp over pairs);
 * ``medical``: CMeEE NER (EGP; the main task under ``main-auxiliary``) + CMeIE relations (GPLinker) as auxiliary.
 
-``keep_tokens="data"`` prunes the encoder's vocabulary to the characters of the runs' texts, but only in char mode
-(zhie prunes char-mode vocabularies only): the single-task NER and CWS runs get a pruned embedding, while the
-multi-task runs and the single similarity run (sub-word tokens) keep e5's 250k-row embedding, whose dense AdamW update
-makes their CPU steps slower; compare step times within those groups.
+``keep_tokens="data"`` prunes the encoder's vocabulary to the tokens of the runs' texts: the characters of the char-mode
+members and the sub-word pieces of the similarity member (rows written before 2026-11-23 kept e5's 250k-row embedding
+in every run with a similarity member, whose dense AdamW update made those CPU steps slower). A run whose directory
+holds ``done.json`` is not run again (its row is printed again); an interrupted run resumes from its checkpoint.
 
 Every run trains ``--steps`` steps (a multi-task step draws one batch of every member) and evaluates once at the end;
 single-task runs (``--single``) train each member alone for the same number of steps with the same batch size. Each
@@ -30,7 +30,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from common import DATA, append_result, machine, machine_lock, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, once, peak_memory_mb
 
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
@@ -97,10 +97,10 @@ def write_config(members: list[dict], files: dict, path: Path, args) -> None:
 
 def train(task: str, out: Path, args, train_file=None, dev_file=None, **options) -> dict:
     config = TrainConfig(epochs=1000, max_steps=args.steps, eval_every=args.steps, batch_size=args.batch_size,
-                         lr=args.lr, head_lr=args.head_lr, seed=args.seed, warmup=0.1)
+                         lr=args.lr, head_lr=args.head_lr, seed=args.seed, warmup=0.1, save_every=args.save_every)
     cpu, wall = time.process_time(), time.perf_counter()
     result = zhie.fit(task, train_file, dev_file, out=out, encoder=args.encoder, encoder_layers=args.encoder_layers,
-                      keep_tokens="data", config=config, resume=False, progress=not args.quiet, **options)
+                      keep_tokens="data", config=config, resume=True, progress=not args.quiet, **options)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     last = records[-1]
@@ -137,6 +137,7 @@ def main() -> None:
     p.add_argument("--gamma", type=float, default=0.5, help="generalised-mean's exponent")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", default="runs/mt-bench")
+    p.add_argument("--save-every", type=int, default=None, help="checkpoint every N steps (a stopped run resumes)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     out = Path(args.out) / args.suite
@@ -146,26 +147,31 @@ def main() -> None:
     config = out / "multitask.toml"
     write_config(members, files, config, args)
     for scheme in args.schemes:
-        run = train("multitask", out / f"mt-{scheme}", args, config_file=str(config), weighting=scheme)
-        best = run["best"]
-        record = run["record"]
-        row = {**row_base(args, args.suite), "run": scheme,
-               "dev": {m["name"]: best.get(f"{m['name']}/{m['metric']}") for m in members},
-               "score": best.get("score"), "mean_weights": record.get("task_weights", {}),
-               "final_weights": record["per_batch"][-1]["weights"], "mean_losses": record.get("task_losses", {}),
-               **{k: run[k] for k in ("train_s_per_step", "run_wall_s", "run_cpu_s")}}
+        row = once(out / f"mt-{scheme}", scheme_row, scheme, members, config, args)
         append_result("multitask", finish(row))
-        print(json.dumps(row, ensure_ascii=False), flush=True)
     if args.single:
         for m in members:
-            run = train(m["task"], out / f"single-{m['name']}", args, *files[m["name"]],
-                        **{**m["options"], "max_length": args.max_length})
-            row = {**row_base(args, args.suite), "run": f"single:{m['name']}",
-                   "dev": {m["name"]: run["best"].get(m["metric"])},
-                   **{k: run[k] for k in ("train_s_per_step", "run_wall_s", "run_cpu_s")}}
+            row = once(out / f"single-{m['name']}", single_row, m, files[m["name"]], args)
             append_result("multitask", finish(row))
-            print(json.dumps(row, ensure_ascii=False), flush=True)
 
+
+def scheme_row(scheme: str, members: list[dict], config: Path, args) -> dict:
+    run = train("multitask", Path(args.out) / args.suite / f"mt-{scheme}", args, config_file=str(config),
+                weighting=scheme)
+    best, record = run["best"], run["record"]
+    return {**row_base(args, args.suite), "run": scheme,
+            "dev": {m["name"]: best.get(f"{m['name']}/{m['metric']}") for m in members},
+            "score": best.get("score"), "mean_weights": record.get("task_weights", {}),
+            "final_weights": record["per_batch"][-1]["weights"], "mean_losses": record.get("task_losses", {}),
+            **{k: run[k] for k in ("train_s_per_step", "run_wall_s", "run_cpu_s")}}
+
+
+def single_row(m: dict, files: tuple[Path, Path], args) -> dict:
+    run = train(m["task"], Path(args.out) / args.suite / f"single-{m['name']}", args, *files,
+                **{**m["options"], "max_length": args.max_length})
+    return {**row_base(args, args.suite), "run": f"single:{m['name']}",
+            "dev": {m["name"]: run["best"].get(m["metric"])},
+            **{k: run[k] for k in ("train_s_per_step", "run_wall_s", "run_cpu_s")}}
 
 if __name__ == "__main__":
     with machine_lock():

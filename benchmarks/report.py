@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -235,9 +236,53 @@ def pretrain_tables() -> str:
     return "\n".join(lines)
 
 
+def campaign_groups(section: str) -> dict[str, list[dict]]:
+    """The campaign's finished rows (benchmarks/campaign.py) whose key starts with ``section``, grouped by the key
+    without its trailing ``/sN`` (the seeds of one configuration)."""
+    groups: dict[str, list[dict]] = {}
+    for line in rows("campaign.jsonl"):
+        if line["key"].startswith(section):
+            groups.setdefault(re.sub(r"/s\d+$", "", line["key"]), []).append(line)
+    return groups
+
+
+def campaign_ner_table(section: str) -> str:
+    """NER rows of the campaign: dev F1 mean ± sample std over the seeds, the mean dev F1 after each epoch, the
+    seeds' values, and the CPU hours the rows took (niced beside other work: not a performance figure)."""
+    lines = ["| configuration | epochs | seeds | dev F1 mean ± std | mean F1 after each epoch | per seed | CPU h |",
+             "|---|---|---|---|---|---|---|"]
+    for group, lines_ in campaign_groups(section).items():
+        runs = [(line, line["results"][-1]) for line in lines_]
+        curves = [r["f1_per_epoch"] for _, r in runs]
+        epochs = min(len(c) for c in curves)
+        mean_curve = ", ".join(pct(sum(c[e] for c in curves) / len(curves)) for e in range(epochs))
+        per_seed = ", ".join(f"{line['seed']}: {pct(r['dev_f1'])}" for line, r in runs)
+        cpu_h = sum(line["cpu_s"] for line in lines_) / 3600
+        lines.append(f"| {group} | {runs[0][1]['epochs']} | {len(runs)} | {_mean_std([r['dev_f1'] for _, r in runs])} "
+                     f"| {mean_curve} | {per_seed} | {cpu_h:.1f} |")
+    return "\n".join(lines)
+
+
+def campaign_mtmt_table(section: str = "b/") -> str:
+    """MTMT rows of the campaign: WikiANN de dev F1 mean ± std per system over the seeds."""
+    by_system: dict[str, list[dict]] = {}
+    for line in rows("campaign.jsonl"):
+        if line["key"].startswith(section):
+            for r in line["results"]:
+                by_system.setdefault(r["system"], []).append(r)
+    lines = ["| system | seeds | de dev F1 mean ± std | P / R (mean) | per seed |", "|---|---|---|---|---|"]
+    for system, rs in by_system.items():
+        p, r_ = (sum(r[k] for r in rs) / len(rs) for k in ("precision", "recall"))
+        lines.append(f"| {system} | {len(rs)} | {_mean_std([r['f1'] for r in rs])} | {pct(p)} / {pct(r_)} | "
+                     + ", ".join(f"{r['seed']}: {pct(r['f1'])}" for r in rs) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print("## NER\n\n" + ner_table() + "\n\n" + ner_seeds_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
           "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
           "\n\n## Depth\n\n" + depth_table() + "\n\n## Peers and roofline\n\n" + peers_tables() +
-          "\n\n## Multi-task\n\n" + multitask_table() + "\n\n## Pre-training\n\n" + pretrain_tables())
+          "\n\n## Multi-task\n\n" + multitask_table() + "\n\n## Pre-training\n\n" + pretrain_tables() +
+          "\n\n## Campaign (issue 23)\n\n" + "\n\n".join(campaign_ner_table(s) for s in ("a/", "c/", "d/")) +
+          "\n\n" + campaign_mtmt_table())

@@ -116,6 +116,34 @@ def test_pruned_e5_keeps_hidden_states(e5_dir, tmp_path):
     assert reloaded_tok.convert_ids_to_tokens(reloaded_tok("课程")["input_ids"])[0] == "<s>"
 
 
+def test_subword_pruning_keeps_the_data_tokenisation(e5_dir):
+    """keep_tokens="data" in sub-word mode (a similarity member) keeps the pieces of the texts: the same pieces and
+    hidden states for them, a vocabulary of a few hundred rows instead of 250k; the other values keep it whole."""
+    from zhie.data.sts import Pair
+    from zhie.tasks.base import prepare_encoder
+    from zhie.tasks.similarity import SimilarityTask
+
+    pairs = [Pair("一架飞机要起飞了。", "A man is playing the flute.", 0.0),
+             Pair("北京大学的Python课程很好", "好", 1.0)]
+    config = SimilarityTask.configure(pairs, encoder=str(e5_dir))
+    texts = SimilarityTask.vocabulary_texts(pairs, config)  # as the encoder reads them: "query: 一架飞机…"
+    assert config.prefix == "query: " and texts[0] == "query: 一架飞机要起飞了。"
+    full, full_tok = prepare_encoder(str(e5_dir), texts=texts, mode="subword", keep_tokens="all")
+    pruned, pruned_tok = prepare_encoder(str(e5_dir), texts=texts, mode="subword", keep_tokens="data")
+    assert prepare_encoder(str(e5_dir), texts=texts, mode="subword")[0].config.vocab_size == 250037  # auto: whole
+    assert pruned.config.vocab_size < 200
+    full.eval()
+    pruned.eval()
+    for text in texts:
+        before, after = full_tok(text, return_tensors="pt"), pruned_tok(text, return_tensors="pt")
+        assert pruned_tok.convert_ids_to_tokens(after["input_ids"][0]) == \
+            full_tok.convert_ids_to_tokens(before["input_ids"][0])
+        assert pruned_tok.unk_token_id not in after["input_ids"][0]
+        with torch.no_grad():
+            torch.testing.assert_close(pruned(**after).last_hidden_state, full(**before).last_hidden_state,
+                                       rtol=1e-5, atol=1e-5)
+
+
 def test_tiny_saves_and_reloads(tmp_path):
     model, tokenizer = encoders.load("tiny", texts=TINY_TEXTS)
     assert model.config.hidden_size == 128 and model.config.num_hidden_layers == 2

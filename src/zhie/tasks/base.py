@@ -150,11 +150,16 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
                     layers: int | None = None, seed: int = 0, unshare: bool = False):
     """Load an encoder for training: optionally keep only its first ``layers`` layers and prune its vocabulary.
 
-    ``keep_tokens`` (bert4keras's keep_tokens; char mode only): ``"all"`` keeps the vocabulary as it is;
-    ``"cjk"`` keeps the tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character
-    of ``texts``; ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000
-    tokens (e5-small's 250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"``
-    otherwise. ``seed`` initialises the ``tiny`` encoder; ``unshare`` drops an ALBERT's layer sharing (spec §9.1).
+    ``keep_tokens`` (bert4keras's keep_tokens): ``"all"`` keeps the vocabulary as it is; ``"cjk"`` keeps the
+    tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character of ``texts``;
+    ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000 tokens (e5-small's
+    250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"`` otherwise. In sub-word
+    mode (or a multi-task model with a sub-word member) only ``"data"`` prunes: it keeps the pieces that
+    ``texts`` tokenise into, and their characters. Those texts then tokenise exactly as before (a Unigram or
+    WordPiece tokenizer still finds its pieces), but unseen text may split into other pieces or ``<unk>``, so
+    prune with ``"data"`` only for a closed set of texts (benchmarks, a fixed corpus); the other values keep the
+    whole sub-word vocabulary. ``seed`` initialises the ``tiny`` encoder; ``unshare`` drops an ALBERT's layer
+    sharing (spec §9.1).
     """
     from zhie import encoders
 
@@ -162,7 +167,10 @@ def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tok
     if layers is not None:
         encoders.truncate_layers(model, layers)
     keep = kept_token_ids(tokenizer, keep_tokens, {c for text in texts for c in text})
-    if keep is not None and mode == "char":
+    if keep is not None and mode != "char":
+        keep = keep | {i for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in ids} \
+            if keep_tokens == "data" else None
+    if keep is not None:
         model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
     return model, tokenizer
 
@@ -229,6 +237,12 @@ class Task:
     def texts(examples: list) -> list[str]:
         """The texts of ``examples`` (they decide which tokens a pruned vocabulary keeps)."""
         return [ex.text for ex in examples]
+
+    @classmethod
+    def vocabulary_texts(cls, examples: list, config) -> list[str]:
+        """The texts of ``examples`` as the encoder will read them under ``config`` (a pruned vocabulary keeps their
+        tokens: :func:`prepare_encoder`)."""
+        return cls.texts(examples)
 
     @classmethod
     def configure(cls, examples: list, *, encoder: str, **options):

@@ -413,6 +413,12 @@ class MultiTask(WindowedTask):
         return [t for d in examples for t in tasks.get(d.task).texts(d.examples)]
 
     @classmethod
+    def vocabulary_texts(cls, examples: list[MemberExamples], config: MultitaskConfig) -> list[str]:
+        members = {m["name"]: m for m in config.members}
+        return [t for d in examples for member_cls in [tasks.get(d.task)]
+                for t in member_cls.vocabulary_texts(d.examples, member_cls.config_class(**members[d.name]["config"]))]
+
+    @classmethod
     def configure(cls, examples: list[MemberExamples], *, encoder: str, config_file,
                   weighting: str | None = None) -> MultitaskConfig:
         specs, table = read_config(config_file)

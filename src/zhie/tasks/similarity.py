@@ -140,6 +140,10 @@ class SimilarityTask(Task):
         return [t for p in examples for t in (p.text_a, p.text_b)]
 
     @classmethod
+    def vocabulary_texts(cls, examples: list[Pair], config: SimilarityConfig) -> list[str]:
+        return [config.prefix + t for t in cls.texts(examples)]
+
+    @classmethod
     def configure(cls, examples: list[Pair], *, encoder: str, loss: str = "cosent", pooling: str = "cls",
                   max_length: int = 64, prefix: str | None = None) -> SimilarityConfig:
         """``prefix`` defaults to ``"query: "`` for e5 encoders and to nothing otherwise."""

@@ -44,9 +44,9 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     out = Path(out)
     train_examples, dev_examples = cls.read_splits(train_path, dev_path, format, **options)
     task_config = cls.configure(train_examples, encoder=str(encoder), **options)
-    enc, tokenizer = prepare_encoder(str(encoder), texts=cls.texts(train_examples + dev_examples),
-                                     mode=task_config.mode, keep_tokens=keep_tokens, layers=encoder_layers,
-                                     seed=config.seed, unshare=unshare_layers)
+    texts = cls.vocabulary_texts(train_examples + dev_examples, task_config)
+    enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode=task_config.mode, keep_tokens=keep_tokens,
+                                     layers=encoder_layers, seed=config.seed, unshare=unshare_layers)
     t = cls(task_config, tokenizer)
     loop_config = t.loop_config(config)
     items = t.encode(train_examples)
