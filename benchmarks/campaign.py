@@ -175,11 +175,11 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
 
 
 def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str | None, max_rows: int | None) -> int:
-    commit, rows = read_plan(plan_path)
     done = 0
     failed: set[str] = set()
     while max_rows is None or done < max_rows:
         with machine_lock(directory):  # taken per row: a benchmark started by hand gets its turn between rows
+            _, rows = read_plan(plan_path)  # read again for every row: rows added meanwhile are run too
             finished = read_results(results)
             todo = [r for r in rows if r["key"] not in finished and r["key"] not in failed
                     and (only is None or r["key"].startswith(only))]
