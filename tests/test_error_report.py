@@ -17,6 +17,7 @@ from zhie.data.spo import Triple, read_spo
 from zhie.metrics import label_errors, span_prf
 from zhie.spans import Span
 from zhie.tasks.cws import boundary_errors
+from zhie.tasks.similarity import SimilarityTask
 
 from . import tiny_models
 
@@ -134,9 +135,15 @@ def test_gplinker_errors_are_triples_and_wrong_predicates(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[0].split() == ["predicate", "precision", "recall", "f1", "support"]
 
 
-def test_a_task_without_an_error_report_fails_before_writing_anything(tmp_path, capsys):
+def test_a_task_without_an_error_report_fails_before_the_model_runs_or_anything_is_written(tmp_path, capsys,
+                                                                                            monkeypatch):
     best = tiny_models.trained("similarity")
     (tmp_path / "e.jsonl").write_text("old\n", encoding="utf-8")
+
+    def predict(*args, **kwargs):
+        raise AssertionError("the model ran")
+
+    monkeypatch.setattr(SimilarityTask, "predict", predict)
     assert main(["eval", str(best), "--data", str(best.parent.parent / "pairs.tsv"), "--errors",
                  str(tmp_path / "e.jsonl")]) == 2
     assert "no error report" in capsys.readouterr().err
