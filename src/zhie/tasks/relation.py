@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.heads import GPLinkerHead, RelationLogits
 from zhie.losses import global_pointer_loss
-from zhie.metrics import prf, span_prf
+from zhie.metrics import label_errors, prf_table, span_prf
 from zhie.multitask.priors import multilabel_prior
 from zhie.spans import Span
 from zhie.tasks import register
@@ -234,6 +234,40 @@ class RelationTask(WindowedTask):
     def score(self, examples: list[SpoExample], predictions: list[list[Triple]]) -> dict:
         return relation_metrics(examples, predictions)
 
+    def report(self, metrics: dict) -> str:
+        table = prf_table({**metrics, "micro": {k: metrics[k] for k in ("precision", "recall", "f1")}}, "predicate")
+        return f"{table}\nentity f1 {metrics['entity_f1']:.4f}"
+
+    def errors(self, example: SpoExample, prediction: list[Triple]) -> list[dict]:
+        """Each predicted triple that is not gold (``false_positive``), gold one not predicted (``false_negative``) and
+        subject-object pair predicted with another predicate than its gold one (``wrong_type``), triples compared as
+        the metric compares them (subject text, predicate, object text); the offsets are the predicted mentions'
+        (the gold ones' for a false negative), ``start``/``end`` from the first mention to the end of the last."""
+        gold = {(t.subject.text, t.object.text, t.predicate): t for t in example.triples}
+        said = {(t.subject.text, t.object.text, t.predicate): t for t in prediction}
+        kinds = {(True, False): "false_positive", (False, True): "false_negative", (False, False): "wrong_type"}
+        out = []
+        for (s, o), g, p in label_errors([((s, o), pr) for s, o, pr in gold], [((s, o), pr) for s, o, pr in said]):
+            t = said[s, o, p] if p is not None else gold[s, o, g]
+            mentions = [m for m in (t.subject, t.object) if m.start >= 0]
+            start, end = (min(m.start for m in mentions), max(m.end for m in mentions)) if mentions else (-1, -1)
+            out.append({"kind": kinds[g is None, p is None], "start": start, "end": end,
+                        **{role: {"start": m.start, "end": m.end, "text": m.text}
+                           for role, m in (("subject", t.subject), ("object", t.object))},
+                        "gold": g, "predicted": p})
+        return out
+
+    def describe(self) -> dict:
+        about = super().describe()
+        return {**about, "summary": f"relation extraction (subject, predicate, object triples) with GPLinker on "
+                                    f"{self.config.head} modules", "metrics": ["precision", "recall", "f1"],
+                "labels": {"title": "Predicates", "values": self.config.predicates}}
+
+    @classmethod
+    def data_files(cls, train_path, dev_path, **options) -> dict[str, str]:
+        schema = options.get("schema")
+        return {**super().data_files(train_path, dev_path), **({"schema": str(schema)} if schema else {})}
+
     @classmethod
     def upgrade(cls, meta: dict, weights: dict[str, Tensor]) -> tuple[dict, dict[str, Tensor]]:
         """Format 1 kept the three modules at the top (``entity.*``, …) and named the head ``variant``."""
@@ -252,16 +286,19 @@ def _top_cells(logits: Tensor, cap: int) -> Tensor:
 
 
 def relation_metrics(gold: list[SpoExample], pred: list[list[Triple]]) -> dict:
-    """Triple P/R/F1 on (subject text, predicate, object text) sets per text, plus entity F1 on located
-    (start, end, role) spans."""
-    tp = n_gold = n_pred = 0
-    for ex, triples in zip(gold, pred, strict=True):
-        g, p = {t.key() for t in ex.triples}, {t.key() for t in triples}
-        tp, n_gold, n_pred = tp + len(g & p), n_gold + len(g), n_pred + len(p)
+    """Triple P/R/F1 on (subject text, predicate, object text) sets per text, overall and per predicate
+    (``per_type``, as :func:`zhie.metrics.span_prf` gives it), plus entity F1 on located (start, end, role) spans."""
+
+    def keyed(triples):
+        return [(s, o, p) for s, p, o in (t.key() for t in triples)]
 
     def entities(triples):
         return [(t.subject.start, t.subject.end, "subject") for t in triples if t.subject.start >= 0] + \
                [(t.object.start, t.object.end, "object") for t in triples if t.object.start >= 0]
 
+    if len(gold) != len(pred):
+        raise ValueError(f"gold has {len(gold)} examples but pred has {len(pred)}")
+    triples = span_prf([keyed(ex.triples) for ex in gold], [keyed(t) for t in pred])
     ent = span_prf([entities(ex.triples) for ex in gold], [entities(t) for t in pred])
-    return {**prf(tp, n_pred, n_gold), "entity_f1": ent["micro"]["f1"], "n_gold": n_gold, "n_pred": n_pred}
+    return {**triples["micro"], "per_type": triples["per_type"], "entity_f1": ent["micro"]["f1"],
+            "n_gold": triples["n_gold"], "n_pred": triples["n_pred"]}

@@ -226,6 +226,15 @@ class SimilarityTask(Task):
         cos = [float(vectors[row[p.text_a]] @ vectors[row[p.text_b]]) for p in pairs]
         return {"spearman": spearman(cos, [p.label for p in pairs]), "pairs": len(pairs)}
 
+    def describe(self) -> dict:
+        c = self.config
+        prefix = [f"every sentence is prefixed with {c.prefix!r} before it is encoded"] if c.prefix else []
+        return {**super().describe(), "summary": f"sentence embeddings ({c.pooling} pooling) trained with the {c.loss} "
+                                                 "loss; similarity is the cosine of two vectors",
+                "pipeline_tag": "sentence-similarity", "metrics": ["spearmanr"],
+                "limits": [f"max length {c.max_length} tokens per sentence (special tokens included); longer sentences "
+                           "are truncated", *prefix]}
+
     @classmethod
     def add_commands(cls, commands) -> None:
         p = add_text_command(commands, cls, "embed", "sentence vectors from a trained sentence-embedding model",

@@ -3,7 +3,9 @@
 Read the data with the task's reader, configure the task from the training data, load (and prune) the encoder,
 build the model (the encoder plus the task's heads, initialised from the seed), encode the training items, write
 ``data_stats.json`` and run :func:`zhie.training.train` with an :class:`~zhie.tasks.base.Evaluator` on the dev set;
-the best model is saved in ``out/best`` by the task.
+the best model is saved in ``out/best`` by the task, with ``training.json`` (the data files' sizes and hashes, the
+command, the machine, its dev metrics, and once the run ends its training time: :mod:`zhie.training.record`) and its
+model card ``README.md`` (:mod:`zhie.card`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .config import TrainConfig
 from .dist import is_main_process
 from .loop import train
 from .rdrop import RDropLoss
+from .record import finish, now, run_record
 
 __all__ = ["fit"]
 
@@ -58,6 +61,15 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
             raise ValueError(f"R-Drop (--rdrop) applies to one task's plain loss; the {cls.name} task trains "
                              f"{type(objective).__name__} (train it without --rdrop)")
         objective = RDropLoss(t, config.rdrop, model.heads[t.head_name])
+    evaluator = Evaluator(t, dev_examples)
+    record = run_record(cls.data_files(train_path, dev_path, **options), encoder=str(encoder), config=config,
+                        options={"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
+                                 "unshare_layers": unshare_layers, "format": format, **options}) \
+        if is_main_process() else {}
+
+    def save_best(model: Model, directory: Path) -> None:  # the model just evaluated: its metrics are the last ones
+        t.save(model, directory, record={**record, "saved": now(), "metric": t.metric, "dev": evaluator.last})
+
     data = {"train": str(train_path), "dev": str(dev_path)} if train_path is not None else {}
     summary = {"task": cls.name, **data, "examples": len(train_examples),
                **t.stats, "encoder": str(encoder), "vocab": len(tokenizer),
@@ -68,7 +80,10 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         if progress:
             print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
                              ensure_ascii=False))
-    return train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
-                 evaluate=Evaluator(t, dev_examples), metric=t.metric, save_best=t.save,
-                 lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
-                 progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None)
+    result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
+                   evaluate=evaluator, metric=t.metric, save_best=save_best,
+                   lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
+                   progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None)
+    if is_main_process():
+        finish(out / "best", result, t.describe())
+    return result
