@@ -1,7 +1,7 @@
 """Training in several processes: ``torchrun`` with 2 CPU processes (gloo) computes what one process computes with
-twice the batch, only the main process writes, CoSENT ranks the pairs of every process, an interrupted run resumes
-bit-exactly, batches are cut into full slices, and the e5-small conversion runs once when several processes start
-together."""
+twice the batch, only the main process writes, every process evaluates and takes the main process's result, CoSENT
+ranks the pairs of every process, an interrupted run resumes bit-exactly, batches are cut into full slices, and the
+e5-small conversion runs once when several processes start together."""
 
 import json
 import os
@@ -34,13 +34,20 @@ needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.
 
 def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) -> list[dict]:
     """Run ``dist_worker.py ARGS RESULTS`` in ``processes`` CPU processes; their results, in rank order."""
+    results.mkdir(parents=True)
+    launch(processes, str(WORKER), *args, results, timeout=timeout)
+    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
+
+
+def launch(processes: int, *args: str, timeout: float = 120) -> None:
+    """``torchrun --nproc-per-node PROCESSES ARGS`` on the CPU; fails the test unless it ends well within
+    ``timeout`` seconds."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    results.mkdir(parents=True)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # the same threads in every run
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), str(WORKER), *map(str, args), str(results)]
+               "--master-addr", "127.0.0.1", "--master-port", str(port), *map(str, args)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -50,7 +57,6 @@ def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) ->
         _, stderr = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s; its stderr:\n{stderr[-5000:]}")
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); its stderr:\n{stderr[-5000:]}"
-    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,6 +117,15 @@ def test_every_process_gets_the_main_process_evaluation(ner_runs):
     rank0, rank1 = (r["summary"] for r in ner_runs["two"])
     assert rank1["best"] == rank0["best"] and rank1["best_step"] == rank0["best_step"]
     assert [h["dev"] for h in rank1["history"]] == [h["dev"] for h in rank0["history"]]
+
+
+@needs_gloo
+def test_every_process_evaluates_and_none_waits_for_another(tmp_path):
+    """A 15 s evaluation in a process group whose collectives time out after 10 s: a process waiting in a collective
+    while another evaluated would fail. Each process scores differently; both keep the main process's score."""
+    ranks = torchrun(2, tmp_path / "results", "evaluate", tmp_path / "run")
+    assert [r["evaluations"] for r in ranks] == [1, 1]
+    assert [r["summary"]["best"] for r in ranks] == [{"f1": 0.0}, {"f1": 0.0}]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from zhie.data.base import DataError
 from zhie.encoders.mlm import MaskedLM, load_head, mask_tokens, save_head
 from zhie.files import atomic_write, recover_dir, replace_dir
 
-__all__ = ["Lamb", "PretrainConfig", "Packer", "TrainingStream", "add_command", "cmd_pretrain", "encode_lines",
+__all__ = ["PretrainConfig", "Packer", "TrainingStream", "add_command", "cmd_pretrain", "encode_lines",
            "iter_corpus", "main", "pack", "pretrain", "scan_corpus"]
 
 CHECKPOINT = "checkpoint.pt"
@@ -382,54 +382,14 @@ def collate(sequences: list[tuple[np.ndarray, np.ndarray]], cls_id: int, sep_id:
 
 
 # --------------------------------------------------------------------------------------------------- optimiser
-class Lamb(torch.optim.Optimizer):
-    """LAMB as GAU-α was pre-trained with (bert4keras AdamW + layer adaptation, bias correction off, spec §6.3):
-    ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``, ``u = m / (sqrt(v) + eps) + wd θ``,
-    ``θ <- θ - lr * (||θ|| / ||u||) * u``; the trust ratio is 1 when either norm is 0 and for the groups with
-    ``layer_adaptation=False`` (biases and norms, as ``exclude_from_layer_adaptation=['Norm', 'bias']``)."""
-
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                                  "layer_adaptation": True})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else closure()
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                m, v = state["m"], state["v"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                ratio = 1.0
-                if group["layer_adaptation"]:
-                    w, u = p.norm(), update.norm()
-                    ratio = torch.where((w > 0) & (u > 0), w / u.clamp(min=1e-12), torch.ones_like(w))
-                p.sub_(update * (ratio * group["lr"]))
-        return loss
-
-
 def build_optimizer(model: MaskedLM, config: PretrainConfig) -> torch.optim.Optimizer:
-    """AdamW or :class:`Lamb` over zhie's parameter groups (no weight decay, and for LAMB no layer adaptation, on
-    biases and norm weights)."""
+    """AdamW or :class:`~zhie.training.optim.Lamb` over zhie's parameter groups (no weight decay, and for LAMB no layer
+    adaptation, on biases and norm weights)."""
+    from zhie.training import optim
     from zhie.training.config import TrainConfig
-    from zhie.training.optim import build_param_groups
 
-    groups = build_param_groups(model, TrainConfig(lr=config.lr, weight_decay=config.weight_decay))
-    if config.optimizer == "lamb":
-        for group in groups:
-            group["layer_adaptation"] = not group["name"].endswith("no_decay")
-        return Lamb(groups, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+    train_config = TrainConfig(lr=config.lr, weight_decay=config.weight_decay, optimizer=config.optimizer)
+    return optim.build_optimizer(optim.build_param_groups(model, train_config), train_config)
 
 
 # ----------------------------------------------------------------------------------------------------- running
