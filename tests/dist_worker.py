@@ -15,6 +15,9 @@ the final weights of the two runs.
 ``evaluate OUT RESULTS`` trains the small model for one epoch, in a process group whose collectives time out after
 10 s (long enough for the main process's writes), with an evaluation that takes 15 s and scores each process
 differently; writes ``RESULTS/rank<r>.json``: how often this process evaluated, and the loop's summary.
+
+``pretrain OUT ARGS... RESULTS`` runs ``zhie pretrain --out OUT ARGS`` (:func:`zhie.cli.main`) and writes
+``RESULTS/rank<r>.json``: its exit code and the paths beside ``OUT`` that this process changed.
 """
 
 import contextlib
@@ -29,6 +32,7 @@ import torch
 from torch import nn
 
 import zhie
+from zhie.cli import main as zhie_main
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig, train
 
@@ -146,8 +150,16 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     return {"summary": summary, "writes": writes}
 
 
+def pretrain(out: str, *args: str) -> dict:
+    writes = record_writes(Path(out).resolve().parent)  # out is replaced through a temporary directory beside it
+    code = zhie_main(["pretrain", "--out", out, *args])
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return {"code": code, "writes": writes}
+
+
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
-    result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner}[mode](*args)
+    result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner, "pretrain": pretrain}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))
