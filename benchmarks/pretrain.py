@@ -67,7 +67,6 @@ def cmd_pretrain(args) -> None:
     from zhie import encoders
 
     model, _ = encoders.load(out)
-    last = result["history"][-1] if result["history"] else {}
     append_result("pretrain", stamp({
         "study": "pretrain", "family": args.family, "corpus": args.corpus, "encoder": SIZES[args.family],
         "out": str(out),
@@ -75,9 +74,9 @@ def cmd_pretrain(args) -> None:
         "parameters_without_embeddings": sum(p.numel() for n, p in model.named_parameters() if "embed" not in n),
         "steps": result["step"], "tokens": result["tokens"], "batch_size": args.batch_size,
         "max_length": args.max_length, "lr": args.lr, "shuffle_buffer": args.shuffle_buffer,
-        "heldout": last.get("heldout"),
-        "history": [{k: h.get(k) for k in ("step", "tokens", "train_loss", "heldout", "tokens_per_s")}
-                    for h in result["history"]],
+        "heldout": result["heldout"],
+        "history": [{"step": h["step"], "tokens": h["tokens"], "train_loss": h["train_loss"],
+                     "heldout": h["dev"] or None, "tokens_per_s": h["tokens_per_s"]} for h in result["history"]],
         "tokens_per_s_wall": result["tokens"] / wall, "tokens_per_cpu_s": result["tokens"] / cpu}))
 
 

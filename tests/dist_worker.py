@@ -11,18 +11,28 @@ gradient once DDP has averaged it.
 ``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
 interrupted in its third step, resumes that run, and writes ``RESULTS/rank<r>.json``: the largest difference between
 the final weights of the two runs.
+
+``evaluate OUT RESULTS`` trains the small model for one epoch, in a process group whose collectives time out after
+10 s (long enough for the main process's writes), with an evaluation that takes 15 s and scores each process
+differently; writes ``RESULTS/rank<r>.json``: how often this process evaluated, and the loop's summary.
+
+``pretrain OUT ARGS... RESULTS`` runs ``zhie pretrain --out OUT ARGS`` (:func:`zhie.cli.main`) and writes
+``RESULTS/rank<r>.json``: its exit code and the paths beside ``OUT`` that this process changed.
 """
 
 import contextlib
 import json
 import os
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import zhie
+from zhie.cli import main as zhie_main
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig, train
 
@@ -59,11 +69,18 @@ class Interrupted(Exception):
     pass
 
 
-def toy_run(out: Path, resume: bool, interrupt_at: int | None = None) -> dict[str, torch.Tensor]:
-    """4 steps of 2 x 8 items, a checkpoint after each; raises Interrupted in the step ``interrupt_at``."""
+def toy_data() -> tuple[nn.Module, dict]:
+    """A small model with dropout and the training arguments of 64 random items."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(DIM, 32), nn.Dropout(0.5), nn.Linear(32, 1))
     data = torch.randn(64, DIM + 1, generator=torch.Generator().manual_seed(1))
+    return model, {"train_items": list(range(64)),
+                   "collate": lambda rows: {"x": data[rows, :DIM], "y": data[rows, DIM:]}}
+
+
+def toy_run(out: Path, resume: bool, interrupt_at: int | None = None) -> dict[str, torch.Tensor]:
+    """4 steps of 2 x 8 items, a checkpoint after each; raises Interrupted in the step ``interrupt_at``."""
+    model, data = toy_data()
     steps = 0
 
     def loss_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -73,9 +90,9 @@ def toy_run(out: Path, resume: bool, interrupt_at: int | None = None) -> dict[st
             raise Interrupted
         return ((m(batch["x"]) - batch["y"]) ** 2).mean()
 
-    train(model, list(range(64)), collate=lambda rows: {"x": data[rows, :DIM], "y": data[rows, DIM:]},
-          loss_fn=loss_fn, config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0, warmup=0.0, save_every=1),
-          out_dir=out, resume=resume, progress=False)
+    train(model, **data, loss_fn=loss_fn,
+          config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0, warmup=0.0, save_every=1), out_dir=out,
+          resume=resume, progress=False)
     return model.state_dict()
 
 
@@ -88,8 +105,26 @@ def resume(out: str) -> dict:
     return {"max_difference": max((full[k] - resumed[k]).abs().max().item() for k in full)}
 
 
-def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
-    out = Path(out).resolve()
+def evaluate(out: str) -> dict:
+    torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=10))
+    rank, calls = torch.distributed.get_rank(), []
+
+    def slow_evaluation(m: nn.Module) -> dict:
+        calls.append(rank)
+        time.sleep(15)
+        return {"f1": float(rank)}
+
+    model, data = toy_data()
+    summary = train(model, **data, loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+                    config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0), out_dir=Path(out),
+                    evaluate=slow_evaluation, resume=False, progress=False)
+    torch.distributed.destroy_process_group()
+    return {"evaluations": len(calls), "summary": summary}
+
+
+def record_writes(out: Path) -> list[str]:
+    """The paths under ``out`` that this process changes from now on (created, opened for writing, renamed or
+    deleted; seen by an audit hook), filled in as it goes."""
     writes = []
 
     def audit(event: str, args: tuple) -> None:
@@ -103,6 +138,11 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
                       if isinstance(path, (str, os.PathLike)) and Path(os.path.abspath(path)).is_relative_to(out))
 
     sys.addaudithook(audit)
+    return writes
+
+
+def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
+    writes = record_writes(Path(out).resolve())
     summary = zhie.fit("ner", train, dev, out=out, encoder=encoder, head="gp", resume=False, progress=False,
                        config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, seed=0, warmup=0.0))
     if torch.distributed.is_initialized():
@@ -110,8 +150,16 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     return {"summary": summary, "writes": writes}
 
 
+def pretrain(out: str, *args: str) -> dict:
+    writes = record_writes(Path(out).resolve().parent)  # out is replaced through a temporary directory beside it
+    code = zhie_main(["pretrain", "--out", out, *args])
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return {"code": code, "writes": writes}
+
+
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
-    result = {"cosent": cosent, "resume": resume, "ner": ner}[mode](*args)
+    result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner, "pretrain": pretrain}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))

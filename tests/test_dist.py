@@ -1,7 +1,7 @@
 """Training in several processes: ``torchrun`` with 2 CPU processes (gloo) computes what one process computes with
-twice the batch, only the main process writes, CoSENT ranks the pairs of every process, an interrupted run resumes
-bit-exactly, batches are cut into full slices, and the e5-small conversion runs once when several processes start
-together."""
+twice the batch (a task's ``fit`` and ``zhie pretrain``), only the main process writes, every process evaluates and
+takes the main process's result, CoSENT ranks the pairs of every process, an interrupted run resumes bit-exactly,
+batches are cut into full slices, and the e5-small conversion runs once when several processes start together."""
 
 import json
 import os
@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from zhie import encoders
 from zhie.encoders import e5
+from zhie.encoders.mlm import HEAD_FILE
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import epoch_batches
 from zhie.training.loop import _process_batches
@@ -34,13 +35,20 @@ needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.
 
 def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) -> list[dict]:
     """Run ``dist_worker.py ARGS RESULTS`` in ``processes`` CPU processes; their results, in rank order."""
+    results.mkdir(parents=True)
+    launch(processes, str(WORKER), *args, results, timeout=timeout)
+    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
+
+
+def launch(processes: int, *args: str, timeout: float = 120) -> None:
+    """``torchrun --nproc-per-node PROCESSES ARGS`` on the CPU; fails the test unless it ends well within
+    ``timeout`` seconds."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    results.mkdir(parents=True)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # the same threads in every run
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), str(WORKER), *map(str, args), str(results)]
+               "--master-addr", "127.0.0.1", "--master-port", str(port), *map(str, args)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -50,7 +58,6 @@ def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) ->
         _, stderr = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s; its stderr:\n{stderr[-5000:]}")
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); its stderr:\n{stderr[-5000:]}"
-    return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,6 +118,74 @@ def test_every_process_gets_the_main_process_evaluation(ner_runs):
     rank0, rank1 = (r["summary"] for r in ner_runs["two"])
     assert rank1["best"] == rank0["best"] and rank1["best_step"] == rank0["best_step"]
     assert [h["dev"] for h in rank1["history"]] == [h["dev"] for h in rank0["history"]]
+
+
+@needs_gloo
+def test_every_process_evaluates_and_none_waits_for_another(tmp_path):
+    """A 15 s evaluation in a process group whose collectives time out after 10 s: a process waiting in a collective
+    while another evaluated would fail. Each process scores differently; both keep the main process's score."""
+    ranks = torchrun(2, tmp_path / "results", "evaluate", tmp_path / "run")
+    assert [r["evaluations"] for r in ranks] == [1, 1]
+    assert [r["summary"]["best"] for r in ranks] == [{"f1": 0.0}, {"f1": 0.0}]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# zhie pretrain: 2 processes x batch 4, stopped and resumed, against 1 process x batch 8
+# ---------------------------------------------------------------------------------------------------------------
+PRETRAIN = ["--encoder", "new:bert:layers=1,hidden=32,heads=2,intermediate=64,dropout=0", "--steps", "6",
+            "--max-length", "64", "--heldout", "20", "--shuffle-buffer", "16", "--lr", "1e-3", "--eval-every", "3",
+            "--save-every", "3", "--seed", "0", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def pretrain_runs(tmp_path_factory) -> dict:
+    """300 lines of wiki text; a BERT without dropout (each process draws its own masks) pre-trained for 6 steps by
+    ``torchrun -m zhie pretrain`` in 1 process with batch 8, and in 2 with batch 4 stopped after step 4 (between the
+    evaluations at 3 and 6) and resumed."""
+    tmp = tmp_path_factory.mktemp("pretrain")
+    with open(DATA / "corpus" / "wiki.txt", encoding="utf-8") as f:
+        (tmp / "wiki.txt").write_text("".join(next(f) for _ in range(300)), encoding="utf-8")
+    args = ["--corpus", tmp / "wiki.txt", *PRETRAIN]
+    launch(1, "-m", "zhie", "pretrain", "--out", tmp / "one" / "out", *args, "--batch-size", 8)
+    two = [torchrun(2, tmp / f"results-{name}", "pretrain", tmp / "two" / "out", *args, "--batch-size", 4, *flags)
+           for name, flags in (("first", ["--stop-after", 4]), ("resumed", ["--resume"]))]
+    return {"one": tmp / "one" / "out", "two": tmp / "two" / "out", "launches": two}
+
+
+def mlm_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(out / "model.safetensors") | {f"head.{k}": v for k, v in load_file(out / HEAD_FILE).items()}
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@needs_gloo
+@pytest.mark.skipif(not (DATA / "corpus" / "wiki.txt").exists(), reason="../shared/data/corpus is not here")
+def test_two_processes_pretrain_as_one_with_twice_the_batch(pretrain_runs):
+    one, two = records(pretrain_runs["one"]), records(pretrain_runs["two"])
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [3, 6]
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one]  # the same sequences
+    for a, b in zip(one, two):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-5)
+        assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], rel=1e-5)
+        assert b["dev"]["predicted"] == a["dev"]["predicted"] > 0  # each held-out token counted once
+        assert b["dev"] == pytest.approx(a["dev"], rel=1e-5)
+    w1, w2 = mlm_weights(pretrain_runs["one"]), mlm_weights(pretrain_runs["two"])
+    assert w1.keys() == w2.keys()
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    summary = json.loads((pretrain_runs["two"] / "pretrain.json").read_text(encoding="utf-8"))
+    assert summary["processes"] == 2 and summary["finished"] and summary["step"] == 6
+
+
+@needs_gloo
+@pytest.mark.skipif(not (DATA / "corpus" / "wiki.txt").exists(), reason="../shared/data/corpus is not here")
+def test_only_the_main_process_writes_the_pretraining_run(pretrain_runs):
+    for rank0, rank1 in pretrain_runs["launches"]:
+        assert rank0["code"] == rank1["code"] == 0
+        assert rank1["writes"] == []
+        assert any(path.startswith(".out.") for path in rank0["writes"])  # the snapshot's temporary directory
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,9 +12,10 @@ import torch
 
 import zhie
 from zhie import demo, encoders
+from zhie.cli import main
 from zhie.data import DataError, write_ner_jsonl
 from zhie.encoders.mlm import HEAD_FILE, IGNORE, load_head, mask_tokens
-from zhie.pretrain import PretrainConfig, collate, encode_lines, main, make_segmenter, pack, pretrain
+from zhie.pretrain import PretrainConfig, collate, encode_lines, make_segmenter, pack, pretrain
 from zhie.text import TextTokenizer
 from zhie.training import TrainConfig
 
@@ -216,6 +217,18 @@ def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path
 
 
 @needs_corpus
+def test_a_time_limit_ends_the_session_with_a_snapshot_that_resumes(corpus, tmp_path):
+    logged = []
+    first = _run(corpus, tmp_path / "run", steps=3, time_limit_s=0, log=logged.append)
+    summary = json.loads((tmp_path / "run" / "pretrain.json").read_text(encoding="utf-8"))
+    assert first["step"] == summary["step"] == 1 and not summary["finished"]
+    assert "stopped at step 1 of 3; continue with --resume" in logged
+    resumed = _run(corpus, tmp_path / "run", steps=3, resume=True, log=logged.append)
+    assert resumed["step"] == 3 and json.loads((tmp_path / "run" / "pretrain.json").read_text())["finished"]
+    assert f"resuming {tmp_path / 'run'} at step 1 of 3" in logged
+
+
+@needs_corpus
 def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_path):
     result = _run(corpus, tmp_path / "run", steps=4)
     out = tmp_path / "run"
@@ -276,7 +289,7 @@ def test_bad_corpus_is_an_error_with_file_and_line_and_nothing_written(content, 
         pretrain([good, bad], BERT, out, config=PretrainConfig(heldout=2), progress=False)
     assert (err.value.path, err.value.line) == (str(bad), line)
     capsys.readouterr()
-    assert main(["--corpus", str(good), str(bad), "--encoder", BERT, "--out", str(out), "--heldout", "2",
+    assert main(["pretrain", "--corpus", str(good), str(bad), "--encoder", BERT, "--out", str(out), "--heldout", "2",
                  "--quiet"]) == 2
     assert f"{bad}:{line}:" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "good.txt"]  # no out, no temporary

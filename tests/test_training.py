@@ -285,8 +285,8 @@ def test_interrupted_run_resumes_exactly(tmp_path):
 
     with pytest.raises(RuntimeError, match="interrupted"):
         run(tmp_path / "b", config, dropout=0.3, loss=crashing_loss)
-    progress = load_checkpoint(tmp_path / "b" / "checkpoint.pt")["progress"]
-    assert (progress["step"], progress["epoch"], progress["batch"]) == (6, 1, 4)
+    state = load_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert (state["progress"]["step"], state["data"]["epoch"], state["data"]["batch"]) == (6, 1, 4)
 
     model_b, result_b = run(tmp_path / "b", config, dropout=0.3)
     state_a, state_b = model_a.state_dict(), model_b.state_dict()

@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-__all__ = ["PRECISIONS", "accelerate_precision", "autocast", "check_precision"]
+__all__ = ["PRECISIONS", "accelerate_precision", "autocast", "check_precision", "pick_precision"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -38,3 +38,11 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
 def accelerate_precision(precision: str) -> str:
     """accelerate's ``mixed_precision`` for ``precision`` ("no", "bf16", "fp16")."""
     return "no" if check_precision(precision) == "fp32" else precision
+
+
+def pick_precision(precision: str, cpu: bool = False) -> str:
+    """``precision``, or for ``"auto"``: ``bf16`` when the work runs on a CUDA GPU that has it (not with ``cpu``),
+    else ``fp32``."""
+    if precision != "auto":
+        return check_precision(precision)
+    return "bf16" if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"

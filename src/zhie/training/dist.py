@@ -7,7 +7,8 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["all_gather_objects", "all_gather_with_grad", "broadcast_object", "is_main_process", "rank", "world_size"]
+__all__ = ["all_gather_objects", "all_gather_with_grad", "all_reduce_sum", "broadcast_object", "is_main_process",
+           "rank", "world_size"]
 
 
 def rank() -> int:
@@ -43,6 +44,15 @@ def all_gather_objects(value: object) -> list:
     values = [None] * world_size()
     torch.distributed.all_gather_object(values, value)
     return values
+
+
+def all_reduce_sum(t: Tensor) -> Tensor:
+    """``t`` summed over every process (``t`` itself with one process); a collective: every process calls it."""
+    if world_size() == 1:
+        return t
+    t = t.clone()
+    torch.distributed.all_reduce(t)
+    return t
 
 
 class _AllGather(torch.autograd.Function):

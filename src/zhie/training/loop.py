@@ -1,18 +1,30 @@
-"""The training loop shared by every task (NER, word segmentation, relation extraction, sentence embeddings).
+"""The training engine: one loop for every job (a task's ``fit``, multi-task, ``distill`` and ``pretrain``).
 
-Tasks own their model, data and loss; the loop only sees opaque encoded items, a ``collate`` that turns a list
-of them into a dict of tensors, and ``loss_fn(model, batch) -> scalar``. It adds: parameter groups with their
-own learning rates, AdamW with linear warm-up/decay, gradient accumulation and clipping, length-grouped
-batches, EMA weights, evaluation with best-model saving and early stopping, metric logging and a plot, and
-checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks, same
-weights). Device placement, mixed precision (``config.precision``: the encoder in bf16/fp16 under autocast, the heads
-and losses in fp32, see :class:`zhie.model.Model`) and DDP come from :mod:`accelerate`.
+A job hands the engine its model and a :class:`Job`: an objective ``loss_fn(model, batch) -> scalar``, its data as
+this process's batches of each step (:class:`ItemBatches` for a task's encoded items; pre-training's corpus stream),
+its evaluation and the metric to maximise, and its :class:`Output` (where records, checkpoints and the best model go:
+a task's :class:`RunDir`, pre-training's snapshot directory). The engine adds: parameter groups with their own learning
+rates, AdamW or LAMB with linear warm-up/decay, gradient accumulation and clipping, EMA weights, FGM/PGD, evaluation
+with best-model saving and early stopping, one record per evaluation (:meth:`_Session.log`: the one place where a
+record is logged), checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks,
+same weights), and session limits (``stop_after``, ``time_limit_s``) that end a session early with a checkpoint.
+Device placement, mixed precision (``config.precision``: the encoder in bf16/fp16 under autocast, the heads and losses
+in fp32, see :class:`zhie.model.Model`) and DDP come from :mod:`accelerate`.
 
 Several processes (``torchrun`` / ``accelerate launch``): each step's global batch of ``batch_size x processes``
 items (the batch one process would draw with that size) is cut into one slice per process, so N processes with
 ``batch_size`` B compute the step of one process with ``batch_size`` N x B (for losses that are means over the
-items of a batch). Each process draws its own dropout masks (seed + rank); the main process alone evaluates (and
-tells the others the result), writes the logs, the checkpoint and the best model.
+items of a batch). Each process draws its own dropout masks (seed + rank) and keeps them, and its running loss, in
+the checkpoint. The main process alone writes (records, checkpoints, the best model).
+
+Evaluation under several processes: **every process calls** ``evaluate`` **at the same time**, and none waits in a
+collective while another evaluates. An evaluation that only the main process ran would leave the others in a
+collective that times out with the process group (30 min for gloo, 10 for NCCL) on a long evaluation, and lengthening
+that timeout would also delay the report of a process that really hung. An evaluation that can split its work does
+(pre-training's held-out loss: each process its share of the batches, the sums added over the processes: N times
+faster); one that cannot (a task's dev set) is computed whole by every process, in the time one process would take.
+The main process's metrics are then broadcast, so that every process takes the same best-model and early-stopping
+decisions.
 """
 
 from __future__ import annotations
@@ -23,9 +35,10 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Protocol
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -38,20 +51,254 @@ from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace
 from .config import TrainConfig
 from .dist import all_gather_objects, broadcast_object, world_size
 from .ema import EMA
-from .optim import build_param_groups, build_scheduler, with_lr_multipliers
+from .optim import build_optimizer, build_param_groups, build_scheduler, with_lr_multipliers
 from .rdrop import RDropLoss
 from .report import append_jsonl, jsonable, plot_history, write_jsonl
 
-__all__ = ["train"]
+__all__ = ["Batches", "ItemBatches", "Job", "Output", "RunDir", "join_processes", "run", "train"]
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 PLOT = "training.png"
 BEST = "best"
-_CHECKPOINT_FORMAT = 2  # 2: the model and its loss module under "model." and "loss_fn."
-# Config fields that may change between an interrupted run and its resumption (they do not change what is
-# computed).
-_RESUMABLE_CHANGES = {"save_every"}
+# 3: the model and its loss module under "model" and "loss_fn", the job's data position under "data", each process's
+# generators and running loss under "ranks".
+_CHECKPOINT_FORMAT = 3
+
+
+# ------------------------------------------------------------------------------------------------- what a job gives
+class Batches(Protocol):
+    """A job's training data: this process's batches of each optimizer step, and where the job stands in them."""
+
+    steps_per_epoch: int | None  # None: an endless stream (the run's length is config.max_steps)
+    epoch_end: bool              # the last step finished an epoch
+
+    def draw(self, step: int) -> list[dict[str, Tensor]]:
+        """The collated batches (``grad_accum`` of them, or fewer at an epoch's end) of optimizer step ``step``."""
+
+    def position(self) -> dict:
+        """Where the job stands, for the record (``{"epoch": 1.5}``, ``{"tokens": 81920}``)."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class Output(Protocol):
+    """Where a job's records, checkpoints and best model go; called on the main process only."""
+
+    checkpoint_path: Path
+
+    def start(self, resumed: bool, step: int, history: list[dict]) -> None:
+        """Before the first step (``resumed``: from the checkpoint, at ``step``, with the records of ``history``)."""
+
+    def log(self, record: dict, history: list[dict]) -> None:
+        """After each evaluation: its record, the last of ``history``."""
+
+    def save(self, checkpoint: dict, history: list[dict]) -> None:
+        """A resumable checkpoint (and whatever the job keeps with it)."""
+
+    def save_best(self, model: nn.Module) -> None:
+        """The best model so far (the final one when there is no evaluation)."""
+
+
+@dataclass
+class Job:
+    """What a job gives the engine besides the model and the :class:`TrainConfig`.
+
+    ``evaluate(model) -> metrics`` runs in eval mode under ``torch.no_grad()`` with the EMA weights in place, on every
+    process (module docstring); ``None``: no evaluation, and the final model is the one kept. ``train_log()``, called
+    at each evaluation on every process: what the loss recorded since the last one, added to the record.
+    ``param_groups``: AdamW parameter groups; default :func:`build_param_groups` (parameters that a module tags with a
+    learning-rate multiplier, the CRF transitions, are moved to groups of their own either way). ``meta``: the job's
+    settings that a resumed run must share; ``resumable``: the :class:`TrainConfig` fields that may change when a run
+    resumes (they change when things happen, not what is computed).
+    """
+
+    data: Batches
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor]
+    output: Output
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None
+    metric: str = "f1"
+    train_log: Callable[[], dict] | None = None
+    param_groups: list[dict] | None = None
+    meta: dict = field(default_factory=dict)
+    resumable: frozenset[str] = frozenset({"save_every"})
+    name: str = "train"
+
+
+def join_processes(cpu: bool = False) -> PartialState:
+    """This process's place in the launch (accelerate's shared state: the process group, the device), set up once;
+    the engine's :class:`Accelerator` finds it. ``cpu``: train on the CPU even where there is a GPU. Without a GPU,
+    accelerate joins the processes of a launch (over gloo) only when told that the run is on the CPU; else each
+    process would train alone."""
+    state = PartialState(cpu=cpu or (world_size() > 1 and not torch.cuda.is_available()))
+    if state.num_processes != world_size():
+        raise RuntimeError(f"launched as {world_size()} processes, but accelerate found no way to run them together "
+                           f"on {state.device} (it runs {state.num_processes})")
+    return state
+
+
+# --------------------------------------------------------------------------------------------- a task's items, its dir
+class ItemBatches:
+    """A task's encoded items as epochs of global batches of ``batch_size x processes`` items (grouped by length when
+    ``lengths`` are given, :func:`epoch_batches`), each cut into one slice per process (:func:`_process_batches`);
+    a step takes ``grad_accum`` of them. The epoch's batches are a pure function of ``(seed, epoch)``: a resumed run
+    skips those done."""
+
+    def __init__(self, items: Sequence, collate: Callable[[list], dict[str, Tensor]], config: TrainConfig, *,
+                 lengths: Sequence[int] | None, world: int, rank: int) -> None:
+        if lengths is not None and len(lengths) != len(items):
+            raise ValueError(f"lengths has {len(lengths)} entries for {len(items)} training items")
+        self.items, self.collate, self.lengths = items, collate, lengths
+        self.batch_size, self.grad_accum, self.seed = config.batch_size, config.grad_accum, config.seed
+        self.world, self.rank = world, rank
+        # With several processes a last batch that cannot give every process a full slice is dropped.
+        global_batch = config.batch_size * world
+        n = len(items)
+        self.batches_per_epoch = math.ceil(n / global_batch) if world == 1 else n // global_batch
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"{n} training items make no batch for {world} process(es) "
+                             f"(batch_size={config.batch_size})")
+        self.steps_per_epoch = math.ceil(self.batches_per_epoch / config.grad_accum)
+        self.epoch = self.batch = 0  # epochs completed; batches of the current epoch done
+        self.epoch_end = False
+        self._plan: tuple[int, list[list[int]]] | None = None
+
+    def draw(self, step: int) -> list[dict[str, Tensor]]:
+        if self._plan is None or self._plan[0] != self.epoch:
+            batches = epoch_batches(len(self.items), self.batch_size * self.world, seed=self.seed, epoch=self.epoch,
+                                    lengths=self.lengths)
+            self._plan = (self.epoch, _process_batches(batches, self.batch_size, self.world, self.rank))
+        group = self._plan[1][self.batch:self.batch + self.grad_accum]
+        self.batch += len(group)
+        self.epoch_end = self.batch == self.batches_per_epoch
+        if self.epoch_end:
+            self.epoch, self.batch = self.epoch + 1, 0
+        return [self.collate([self.items[j] for j in indices]) for indices in group]
+
+    def position(self) -> dict:
+        return {"epoch": round(self.epoch + self.batch / self.batches_per_epoch, 4)}
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.batch = state["epoch"], state["batch"]
+
+
+def _process_batches(batches: list[list[int]], batch_size: int, world: int, rank: int) -> list[list[int]]:
+    """This process's slice of each global batch. With several processes only the full global batches are kept:
+    every process needs a whole slice, and the short batch is anywhere once length grouping has shuffled them."""
+    if world > 1:
+        batches = [b for b in batches if len(b) == batch_size * world]
+    return [b[rank * batch_size:(rank + 1) * batch_size] for b in batches]
+
+
+class RunDir:
+    """A task's run directory: ``checkpoint.pt`` (replaced atomically), ``metrics.jsonl`` (one record per
+    evaluation), ``training.png`` and ``best/`` (``save_best(model, directory)`` fills a temporary directory that then
+    replaces it)."""
+
+    def __init__(self, out_dir: Path, metric: str, save_best: Callable[[nn.Module, Path], None] | None) -> None:
+        self.out_dir, self.metric, self.writer = Path(out_dir), metric, save_best
+        self.checkpoint_path = self.out_dir / CHECKPOINT
+
+    def start(self, resumed: bool, step: int, history: list[dict]) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        recover_dir(self.out_dir / BEST)
+        if resumed:  # drop evaluations logged after the checkpoint: they are about to be redone
+            write_jsonl(self.out_dir / METRICS, history)
+        else:
+            self.checkpoint_path.unlink(missing_ok=True)
+            (self.out_dir / METRICS).unlink(missing_ok=True)
+
+    def log(self, record: dict, history: list[dict]) -> None:
+        append_jsonl(self.out_dir / METRICS, record)
+        plot_history(history, self.out_dir / PLOT, self.metric)
+
+    def save(self, checkpoint: dict, history: list[dict]) -> None:
+        atomic_torch_save(checkpoint, self.checkpoint_path)
+
+    def save_best(self, model: nn.Module) -> None:
+        if self.writer is not None:
+            replace_dir(self.out_dir / BEST, lambda directory: self.writer(model, directory))
+
+
+def train(
+    model: nn.Module,
+    train_items: Sequence,
+    *,
+    collate: Callable[[list], dict[str, Tensor]],
+    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
+    config: TrainConfig,
+    out_dir: Path,
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+    metric: str = "f1",
+    save_best: Callable[[nn.Module, Path], None] | None = None,
+    lengths: Sequence[int] | None = None,
+    param_groups: list[dict] | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    train_log: Callable[[], dict] | None = None,
+) -> dict:
+    """Train ``model`` on a task's ``train_items`` (:class:`ItemBatches`) into the run directory ``out_dir``
+    (:class:`RunDir`); returns :func:`run`'s summary.
+
+    Args:
+        model: the task's module; trained in place. After training it holds the last training weights (not
+            the EMA average: with ``config.ema`` the weights evaluated and saved through ``save_best`` are the
+            average, and the last training weights come back afterwards).
+        train_items: already-encoded examples, opaque to the loop.
+        collate: list of items -> dict of tensors (padded by the task). If it has ``"attention_mask"``,
+            tokens/s is logged (tokens = ``attention_mask.sum()``).
+        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device and ``model`` is the
+            bare model (also under DDP). An ``nn.Module`` loss may hold weights of its own: they are trained,
+            checkpointed and synchronised with the model's, and not saved with it.
+        evaluate, metric, param_groups, train_log: see :class:`Job`.
+        save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is empty).
+        lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
+        progress: show a tqdm bar (main process only).
+    """
+    if config.rdrop is not None and not isinstance(loss_fn, RDropLoss):
+        raise ValueError("config.rdrop needs an R-Drop loss: pass loss_fn=RDropLoss(task, alpha, head) "
+                         "(zhie.fit does this for you)")
+    processes = join_processes()
+    data = ItemBatches(train_items, collate, config, lengths=lengths, world=processes.num_processes,
+                       rank=processes.process_index)
+    job = Job(data=data, loss_fn=loss_fn, output=RunDir(out_dir, metric, save_best), evaluate=evaluate,
+              metric=metric, train_log=train_log, param_groups=param_groups,
+              meta={"n_items": len(train_items), "grouped_by_length": lengths is not None})
+    return run(model, job, config, resume=resume, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------------------------- the engine
+def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True, progress: bool = True,
+        stop_after: int | None = None, time_limit_s: float | None = None, cpu: bool = False) -> dict:
+    """Train ``model`` on ``job`` with ``config``; returns ``{"best", "best_step", "steps", "history", "finished"}``.
+
+    ``resume``: continue from ``job.output.checkpoint_path`` if it exists (the same settings and data, or an error
+    that lists the differences). ``stop_after`` (a step) and ``time_limit_s`` (seconds of this session) end the session
+    early with a checkpoint (``finished`` is then False; the schedule still runs to the end of the run). ``cpu``:
+    train on the CPU even where there is a GPU.
+    """
+    session = _Session(model, job, config, cpu)
+    path = job.output.checkpoint_path
+    checkpoint = load_checkpoint(path) if resume and path.exists() else None
+    if checkpoint is not None:
+        session.restore(checkpoint, path)
+    else:
+        set_seed(config.seed + session.rank)  # one stream of dropout masks per process (DDP synchronised the weights)
+    if session.is_main:
+        job.output.start(checkpoint is not None, session.p.step, session.p.history)
+    try:
+        session.loop(progress, stop_after, time_limit_s)
+    finally:
+        session.close()
+    p = session.p
+    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "history": p.history,
+            "finished": p.finished}
 
 
 class _Objective(nn.Module):
@@ -71,29 +318,24 @@ class _Objective(nn.Module):
 class _Progress:
     """Where training stands; saved in the checkpoint as plain python."""
 
-    epoch: int = 0                 # epochs completed
-    batch: int = 0                 # batches of the current epoch done (always a multiple of grad_accum)
     step: int = 0                  # optimizer steps done
     best_score: float | None = None
     best_metrics: dict = field(default_factory=dict)
     best_step: int | None = None
     bad_evals: int = 0             # evaluations since the last improvement
     history: list[dict] = field(default_factory=list)
-    loss_sum: float = 0.0          # sum of batch losses since the last evaluation
-    loss_count: int = 0
     elapsed_s: float = 0.0         # wall time of the sessions before this one
     finished: bool = False
 
 
 class _Window:
-    """Training loss and throughput since the last evaluation (kept on the device: no sync per batch)."""
+    """This process's training loss and throughput since the last evaluation (kept on the device: no sync per
+    batch); saved with each checkpoint, process by process."""
 
-    def __init__(self, device: torch.device, loss_sum: float = 0.0, loss_count: int = 0) -> None:
-        self.loss_sum = torch.tensor(loss_sum, dtype=torch.float64, device=device)
-        self.loss_count = loss_count
+    def __init__(self, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.tokens = torch.zeros((), dtype=torch.int64, device=device)
-        self.count_tokens = True
-        self.seconds = 0.0
+        self.reset()
 
     def add(self, loss: Tensor, batch: dict) -> None:
         self.loss_sum += loss.detach().double()
@@ -119,289 +361,246 @@ class _Window:
             return None
         return (self.tokens if tokens is None else tokens).item() / self.seconds
 
+    def state_dict(self) -> dict:
+        return {"loss_sum": self.loss_sum.item(), "loss_count": self.loss_count, "tokens": self.tokens.item(),
+                "count_tokens": self.count_tokens, "seconds": self.seconds}
 
-def train(
-    model: nn.Module,
-    train_items: Sequence,
-    *,
-    collate: Callable[[list], dict[str, Tensor]],
-    loss_fn: Callable[[nn.Module, dict[str, Tensor]], Tensor],
-    config: TrainConfig,
-    out_dir: Path,
-    evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
-    metric: str = "f1",
-    save_best: Callable[[nn.Module, Path], None] | None = None,
-    lengths: Sequence[int] | None = None,
-    param_groups: list[dict] | None = None,
-    resume: bool = True,
-    progress: bool = True,
-    train_log: Callable[[], dict] | None = None,
-) -> dict:
-    """Train ``model`` on ``train_items``; returns ``{"best", "best_step", "steps", "history"}``.
+    def load_state_dict(self, state: dict) -> None:
+        self.loss_sum.fill_(state["loss_sum"])
+        self.tokens.fill_(state["tokens"])
+        self.loss_count, self.count_tokens, self.seconds = state["loss_count"], state["count_tokens"], state["seconds"]
 
-    Args:
-        model: the task's module; trained in place. After training it holds the last training weights (not
-            the EMA average: with ``config.ema`` the weights evaluated and saved through ``save_best`` are the
-            average, and the last training weights come back afterwards).
-        train_items: already-encoded examples, opaque to the loop.
-        collate: list of items -> dict of tensors (padded by the task). If it has ``"attention_mask"``,
-            tokens/s is logged (tokens = ``attention_mask.sum()``).
-        loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device and ``model`` is the
-            bare model (also under DDP). An ``nn.Module`` loss may hold weights of its own: they are trained,
-            checkpointed and synchronised with the model's, and not saved with it.
-        config: :class:`TrainConfig`.
-        out_dir: receives ``checkpoint.pt``, ``metrics.jsonl``, ``training.png`` and ``best/``.
-        evaluate: ``evaluate(model) -> metrics``, called in eval mode under ``torch.no_grad()`` with the EMA
-            weights in place (if ``config.ema``); on the main process only. ``None``: no evaluation; ``save_best`` is
-            then called once, at the end, with the final (EMA) weights.
-        metric: the key of the metrics to maximise (best model and early stopping).
-        save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is
-            empty). It is given a temporary directory that then replaces ``out_dir/best``.
-        lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
-        param_groups: AdamW parameter groups; default :func:`build_param_groups`. Parameters that a module tags
-            with a learning-rate multiplier (the CRF transitions) are moved to groups of their own either way.
-        resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
-        progress: show a tqdm bar (main process only).
-        train_log: called at each evaluation, on every process: what the loss recorded since the last one (a
-            multi-task loss's per-step losses and weights), added to the evaluation's record (the main process's).
-    """
-    out_dir = Path(out_dir)
-    if config.rdrop is not None and not isinstance(loss_fn, RDropLoss):
-        raise ValueError("config.rdrop needs an R-Drop loss: pass loss_fn=RDropLoss(task, alpha, head) "
-                         "(zhie.fit does this for you)")
-    n_items = len(train_items)
-    if lengths is not None and len(lengths) != n_items:
-        raise ValueError(f"lengths has {len(lengths)} entries for {n_items} training items")
 
-    # Without a GPU, accelerate joins the processes of a launch (over gloo) only when told that the run is on CPU;
-    # else each process would train alone.
-    accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
-                              step_scheduler_with_optimizer=False,
-                              cpu=world_size() > 1 and not torch.cuda.is_available())
-    if accelerator.num_processes != world_size():
-        raise RuntimeError(f"launched as {world_size()} processes, but accelerate found no way to run them together "
-                           f"on {accelerator.device} (it runs {accelerator.num_processes})")
-    is_main = accelerator.is_main_process
-    world, rank = accelerator.num_processes, accelerator.process_index
-    if is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        recover_dir(out_dir / BEST)
-    ckpt_path, metrics_path, plot_path = out_dir / CHECKPOINT, out_dir / METRICS, out_dir / PLOT
+class _Session:
+    """One session of a run: the prepared model, optimizer and schedule, where training stands, and the steps of the
+    loop (:meth:`loop`), in the order they happen."""
 
-    # Global batches of batch_size x world items, one slice per process; with several processes a last batch that
-    # cannot give every process a full slice is dropped.
-    global_batch = config.batch_size * world
-    batches_per_epoch = math.ceil(n_items / global_batch) if world == 1 else n_items // global_batch
-    if batches_per_epoch == 0:
-        raise ValueError(f"{n_items} training items make no batch for {world} process(es) "
-                         f"(batch_size={config.batch_size})")
-    steps_per_epoch = math.ceil(batches_per_epoch / config.grad_accum)
-    total_steps = steps_per_epoch * config.epochs
-    if config.max_steps is not None:
-        total_steps = min(total_steps, config.max_steps)
+    def __init__(self, model: nn.Module, job: Job, config: TrainConfig, cpu: bool) -> None:
+        processes = join_processes(cpu)
+        self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
+                                       step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu")
+        self.is_main, self.rank = self.accelerator.is_main_process, self.accelerator.process_index
+        self.job, self.config, self.bare_model = job, config, model
+        if job.data.steps_per_epoch is None and config.max_steps is None:
+            raise ValueError("an endless stream of batches needs config.max_steps")
+        self.total_steps = config.max_steps
+        if job.data.steps_per_epoch is not None:
+            self.total_steps = min(job.data.steps_per_epoch * config.epochs, config.max_steps or math.inf)
+        objective = _Objective(model, job.loss_fn)
+        optimizer = build_optimizer(_param_groups(objective, job.param_groups, config), config)
+        scheduler = build_scheduler(optimizer, self.total_steps, config.warmup)
+        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(objective, optimizer, scheduler)
+        self.raw = self.accelerator.unwrap_model(self.model)
+        self.ema = EMA(self.raw, config.ema) if config.ema is not None else None
+        self.adv_weight = embedding_weight(model) if config.adversarial is not None else None
+        self.meta = {"format": _CHECKPOINT_FORMAT, "config": asdict(config),
+                     "num_processes": self.accelerator.num_processes, **job.meta}
+        self.p = _Progress()
+        self.window = _Window(self.accelerator.device)
+        self.session_start = time.perf_counter()
 
-    bare_model = model
-    objective = _Objective(model, loss_fn)
-    if param_groups is None:
-        groups = build_param_groups(objective, config)
-    else:
-        own = [p for p in objective.loss_fn.parameters()] if isinstance(loss_fn, nn.Module) else []
-        groups = with_lr_multipliers(objective, _named_groups(param_groups + ([{"params": own}] if own else [])),
-                                     config.lr)
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-    scheduler = build_scheduler(optimizer, total_steps, config.warmup)
-    model, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
-    raw = accelerator.unwrap_model(model)
-    ema = EMA(raw, config.ema) if config.ema is not None else None
-    meta = {"format": _CHECKPOINT_FORMAT, "config": asdict(config), "n_items": n_items,
-            "grouped_by_length": lengths is not None, "num_processes": world}
+    # ---------------------------------------------------------------------------------------------- start and end
+    def restore(self, state: dict, path: Path) -> None:
+        """Continue from checkpoint ``state`` (written by :meth:`save` of an identical run)."""
+        _check_resumable(state["meta"], self.meta, self.job.resumable, path)
+        self.bare_model.load_state_dict(state["model"])
+        if isinstance(self.job.loss_fn, nn.Module):
+            self.job.loss_fn.load_state_dict(state["loss_fn"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(state["ema"])
+        if self.accelerator.scaler is not None and state["scaler"] is not None:
+            self.accelerator.scaler.load_state_dict(state["scaler"])
+        self.job.data.load_state_dict(state["data"])
+        mine = state["ranks"][self.rank]
+        set_rng_state(mine["rng"])
+        self.window.load_state_dict(mine["window"])
+        self.p = _Progress(**state["progress"])
 
-    p = _Progress()
-    if resume and ckpt_path.exists():
-        state = load_checkpoint(ckpt_path)
-        _check_resumable(state["meta"], meta, ckpt_path)
-        raw.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if ema is not None:
-            ema.load_state_dict(state["ema"])
-        if accelerator.scaler is not None and state["scaler"] is not None:
-            accelerator.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng_by_rank"][rank] if world > 1 else state["rng"])
-        p = _Progress(**state["progress"])
-        if is_main:  # drop evaluations logged after the checkpoint: they are about to be redone
-            write_jsonl(metrics_path, p.history)
-    else:
-        set_seed(config.seed + rank)  # one stream of dropout masks per process (DDP has synchronised the weights)
-        if is_main:
-            ckpt_path.unlink(missing_ok=True)
-            metrics_path.unlink(missing_ok=True)
+    def close(self) -> None:
+        self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)  # undo accelerate's autocast wrapper
 
-    window = _Window(accelerator.device, p.loss_sum, p.loss_count)
-    session_start = time.perf_counter()
+    def elapsed(self) -> float:
+        return self.p.elapsed_s + time.perf_counter() - self.session_start
 
-    def elapsed() -> float:
-        return p.elapsed_s + time.perf_counter() - session_start
+    # ------------------------------------------------------------------------------------------------------ the loop
+    def loop(self, progress: bool, stop_after: int | None, time_limit_s: float | None) -> None:
+        """Steps until the run is finished (the last step, or early stopping) or the session ends; evaluations and
+        checkpoints where ``config`` puts them, and one at the end."""
+        config, data, p = self.config, self.job.data, self.p
+        bar = tqdm(total=self.total_steps, initial=p.step, desc=self.job.name, unit="step", dynamic_ncols=True,
+                   disable=not (progress and self.is_main))
+        self.model.train()
+        try:
+            while not p.finished:
+                self.step(data.draw(p.step))
+                self.show(bar)
+                last = p.step >= self.total_steps
+                if last or (config.eval_every is None and data.epoch_end) or (
+                        config.eval_every is not None and p.step % config.eval_every == 0):
+                    last = self.evaluate_and_log() or last
+                p.finished = last
+                if p.finished and self.job.evaluate is None:  # no evaluation: the final (EMA) model is the one kept
+                    self.save_best()
+                    p.best_step = p.step
+                stop = not p.finished and self.session_ends(stop_after, time_limit_s)
+                if p.finished or stop or data.epoch_end or (
+                        config.save_every is not None and p.step % config.save_every == 0):
+                    self.save()
+                if stop:
+                    break
+            self.accelerator.wait_for_everyone()  # every process returns once the main one has written
+        finally:
+            bar.close()
 
-    def ema_weights():
-        return ema.applied(raw) if ema is not None else nullcontext()
+    def step(self, batches: list[dict[str, Tensor]]) -> None:
+        """One optimizer step over ``batches`` (gradients accumulated; DDP synchronises them at the last)."""
+        start = time.perf_counter()
+        for i, batch in enumerate(batches):
+            batch = _to_device(batch, self.accelerator.device)
+            with nullcontext() if i == len(batches) - 1 else self.accelerator.no_sync(self.model):
+                grad_before = (self.adv_weight.grad.detach().clone()
+                               if self.adv_weight is not None and self.adv_weight.grad is not None else None)
+                loss = self.model(batch)
+                if not isinstance(loss, Tensor) or loss.dim() != 0:
+                    raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
+                self.accelerator.backward(loss / len(batches))
+                if self.adv_weight is not None:
+                    self.adversarial(batch, grad_before, 1.0 / len(batches))
+            self.window.add(loss, batch)
+        if self.config.max_grad_norm is not None:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.ema is not None:
+            self.ema.update(self.raw)
+        self.p.step += 1
+        self.window.seconds += time.perf_counter() - start
 
-    adv_weight = embedding_weight(bare_model) if config.adversarial is not None else None
-
-    def adversarial(batch: dict, grad_before: Tensor | None, scale: float) -> None:
+    def adversarial(self, batch: dict, grad_before: Tensor | None, scale: float) -> None:
         """FGM / PGD after the clean backward of ``batch`` (:mod:`zhie.training.adversarial`)."""
-        grad = adv_weight.grad
+        config, weight, model = self.config, self.adv_weight, self.model
+        grad = weight.grad
         if grad is not None and grad_before is not None:
             grad = grad - grad_before  # this batch's own gradient under accumulation
+
+        def backward(loss: Tensor) -> None:
+            self.accelerator.backward(loss * scale)
+
         if config.adversarial == "fgm":
-            fgm_step(adv_weight, grad, lambda: model(batch), lambda loss: accelerator.backward(loss * scale),
-                     config.adv_epsilon)
+            fgm_step(weight, grad, lambda: model(batch), backward, config.adv_epsilon)
         else:
-            pgd_step(adv_weight, grad, lambda: raw(batch), lambda: model(batch),
-                     lambda loss: accelerator.backward(loss * scale), config.adv_epsilon, config.adv_alpha,
-                     config.adv_steps)
+            pgd_step(weight, grad, lambda: self.raw(batch), lambda: model(batch), backward, config.adv_epsilon,
+                     config.adv_alpha, config.adv_steps)
 
-    def write_best() -> None:
-        if is_main and save_best is not None:
-            replace_dir(out_dir / BEST, lambda directory: save_best(bare_model, directory))
+    def show(self, bar: tqdm) -> None:
+        if bar.disable:
+            return
+        tokens_per_s = self.window.tokens_per_s()
+        bar.set_postfix(loss=f"{self.window.mean_loss():.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                        **({"tok/s": f"{tokens_per_s:.0f}"} if tokens_per_s is not None else {}), refresh=False)
+        bar.update(self.p.step - bar.n)
 
-    def evaluate_and_log(epoch_position: float) -> bool:
-        """Evaluate, keep the best model, log; True when early stopping says stop."""
+    def session_ends(self, stop_after: int | None, time_limit_s: float | None) -> bool:
+        """Whether this session stops here; every process takes the main process's decision on time."""
+        if stop_after is not None and self.p.step >= stop_after:
+            return True
+        return time_limit_s is not None and bool(
+            broadcast_object(time.perf_counter() - self.session_start >= time_limit_s))
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate_and_log(self) -> bool:
+        """Evaluate, keep the best model, log the record; True when early stopping says stop."""
+        window, accelerator = self.window, self.accelerator
         record = {
-            "epoch": round(epoch_position, 4),
-            "step": p.step,
+            **self.job.data.position(),
+            "step": self.p.step,
             "train_loss": accelerator.reduce(window.loss_sum / max(window.loss_count, 1), "mean").item(),
-            "lr": {g["name"]: g["lr"] for g in optimizer.param_groups},
+            "lr": {g["name"]: g["lr"] for g in self.optimizer.param_groups},
             "tokens_per_s": window.tokens_per_s(accelerator.reduce(window.tokens.clone(), "sum")),
-            "elapsed_s": round(elapsed(), 3),
+            "elapsed_s": round(self.elapsed(), 3),
             "dev": {},
         }
-        if train_log is not None:
-            record.update(jsonable(train_log()))
-        if evaluate is not None:
-            metrics = None
-            if is_main:  # once, on the main process; the others wait for its result
-                with ema_weights():
-                    model.eval()
-                    try:
-                        with torch.no_grad():
-                            metrics = jsonable(evaluate(bare_model))
-                    finally:
-                        model.train()
-            metrics = broadcast_object(metrics)
-            if not isinstance(metrics, dict) or not isinstance(metrics.get(metric), (int, float)):
-                raise ValueError(f"evaluate() must return a dict with a number under metric={metric!r}, "
-                                 f"got {metrics!r}")
-            score = float(metrics[metric])
-            record["dev"] = metrics
-            if not math.isnan(score) and (p.best_score is None or score > p.best_score):
-                p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
-                with ema_weights():  # the weights just evaluated are the ones saved
-                    write_best()
-            else:
-                p.bad_evals += 1
-        p.history.append(record)
+        if self.job.train_log is not None:
+            record.update(jsonable(self.job.train_log()))
+        if self.job.evaluate is not None:
+            record["dev"] = self.evaluate()
+            self.keep_if_best(record["dev"])
         window.reset()
-        if is_main:
-            append_jsonl(metrics_path, record)
-            plot_history(p.history, plot_path, metric)
-        return config.patience is not None and p.bad_evals >= config.patience
+        self.log(record)
+        return self.config.patience is not None and self.p.bad_evals >= self.config.patience
 
-    def save_checkpoint() -> None:
-        rngs = all_gather_objects(rng_state())  # every process's generators: its own stream of dropout masks
-        if not is_main:
+    def evaluate(self) -> dict:
+        """``job.evaluate`` on every process (module docstring: no process waits for another's evaluation), with the
+        EMA weights in place; the main process's metrics on every process."""
+        with self.ema_weights():
+            self.model.eval()
+            try:
+                with torch.no_grad():
+                    metrics = jsonable(self.job.evaluate(self.bare_model))
+            finally:
+                self.model.train()
+        metrics = broadcast_object(metrics)
+        metric = self.job.metric
+        if not isinstance(metrics, dict) or not isinstance(metrics.get(metric), (int, float)):
+            raise ValueError(f"evaluate() must return a dict with a number under metric={metric!r}, got {metrics!r}")
+        return metrics
+
+    def keep_if_best(self, metrics: dict) -> None:
+        p, score = self.p, float(metrics[self.job.metric])
+        if not math.isnan(score) and (p.best_score is None or score > p.best_score):
+            p.best_score, p.best_metrics, p.best_step, p.bad_evals = score, metrics, p.step, 0
+            self.save_best()
+        else:
+            p.bad_evals += 1
+
+    def log(self, record: dict) -> None:
+        """The one place where a record is logged: into the history (saved in the checkpoint) and the job's output."""
+        self.p.history.append(record)
+        if self.is_main:
+            self.job.output.log(record, self.p.history)
+
+    # ----------------------------------------------------------------------------------------------------- saving
+    def ema_weights(self):
+        return self.ema.applied(self.raw) if self.ema is not None else nullcontext()
+
+    def save_best(self) -> None:
+        """The weights just evaluated (the EMA average with ``config.ema``) as the best model."""
+        if self.is_main:
+            with self.ema_weights():
+                self.job.output.save_best(self.bare_model)
+
+    def save(self) -> None:
+        """A checkpoint from which the run resumes exactly; each process's generators (its own stream of dropout
+        masks) and running loss are gathered into it."""
+        ranks = all_gather_objects({"rng": rng_state(), "window": self.window.state_dict()})
+        if not self.is_main:
             return
-        progress_state = asdict(p) | {"loss_sum": window.loss_sum.item(), "loss_count": window.loss_count,
-                                      "elapsed_s": elapsed()}
-        atomic_torch_save({
-            "meta": meta,
-            "model": raw.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "ema": ema.state_dict() if ema is not None else None,
-            "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-            "rng": rngs[0],
-            **({"rng_by_rank": rngs} if world > 1 else {}),
-            "progress": progress_state,
-        }, ckpt_path)
-
-    bar = tqdm(total=total_steps, initial=p.step, desc="train", unit="step", dynamic_ncols=True,
-               disable=not (progress and is_main))
-    model.train()
-    try:
-        while not p.finished:
-            # The epoch's batches are a pure function of (seed, epoch): a resumed run skips those done.
-            batches = _process_batches(epoch_batches(n_items, global_batch, seed=config.seed, epoch=p.epoch,
-                                                     lengths=lengths), config.batch_size, world, rank)
-            epoch_end = False
-            while not (epoch_end or p.finished):
-                step_start = time.perf_counter()
-                group = batches[p.batch:p.batch + config.grad_accum]  # the batches of one optimizer step
-                for i, indices in enumerate(group):
-                    batch = _to_device(collate([train_items[j] for j in indices]), accelerator.device)
-                    last_in_group = i == len(group) - 1
-                    with nullcontext() if last_in_group else accelerator.no_sync(model):
-                        grad_before = (adv_weight.grad.detach().clone()
-                                       if adv_weight is not None and adv_weight.grad is not None else None)
-                        loss = model(batch)
-                        if not isinstance(loss, Tensor) or loss.dim() != 0:
-                            raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
-                        accelerator.backward(loss / len(group))
-                        if adv_weight is not None:
-                            adversarial(batch, grad_before, 1.0 / len(group))
-                    window.add(loss, batch)
-                if config.max_grad_norm is not None:
-                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                if ema is not None:
-                    ema.update(raw)
-                p.step += 1
-                p.batch += len(group)
-                window.seconds += time.perf_counter() - step_start
-
-                if not bar.disable:
-                    tokens_per_s = window.tokens_per_s()
-                    bar.set_postfix(loss=f"{window.mean_loss():.4f}", lr=f"{optimizer.param_groups[0]['lr']:.2e}",
-                                    **({"tok/s": f"{tokens_per_s:.0f}"} if tokens_per_s is not None else {}),
-                                    refresh=False)
-                    bar.update()
-
-                epoch_end = p.batch == batches_per_epoch
-                last_step = p.step >= total_steps
-                if (last_step or (config.eval_every is None and epoch_end)
-                        or (config.eval_every is not None and p.step % config.eval_every == 0)):
-                    early_stop = evaluate_and_log(p.epoch + p.batch / batches_per_epoch)
-                    last_step = last_step or early_stop
-                p.finished = last_step
-                if epoch_end:
-                    p.epoch, p.batch = p.epoch + 1, 0
-                if p.finished and evaluate is None:  # no evaluation: the final (EMA) model is the one to keep
-                    with ema_weights():
-                        write_best()
-                    p.best_step = p.step
-                if p.finished or epoch_end or (config.save_every is not None and p.step % config.save_every == 0):
-                    save_checkpoint()
-        accelerator.wait_for_everyone()  # every process returns once the main one has written the best model
-    finally:
-        bar.close()
-        accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # undo accelerate's autocast forward wrapper
-
-    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "history": p.history}
+        loss_fn, scaler = self.job.loss_fn, self.accelerator.scaler
+        self.job.output.save({
+            "meta": self.meta,
+            "model": self.bare_model.state_dict(),
+            "loss_fn": loss_fn.state_dict() if isinstance(loss_fn, nn.Module) else None,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "data": self.job.data.state_dict(),
+            "ranks": ranks,
+            "progress": asdict(self.p) | {"elapsed_s": self.elapsed()},
+        }, self.p.history)
 
 
-def _process_batches(batches: list[list[int]], batch_size: int, world: int, rank: int) -> list[list[int]]:
-    """This process's slice of each global batch. With several processes only the full global batches are kept:
-    every process needs a whole slice, and the short batch is anywhere once length grouping has shuffled them."""
-    if world > 1:
-        batches = [b for b in batches if len(b) == batch_size * world]
-    return [b[rank * batch_size:(rank + 1) * batch_size] for b in batches]
-
-
-def _named_groups(param_groups: list[dict]) -> list[dict]:
-    """Copies of user-given groups, each with a "name" for logging."""
-    return [{"name": f"group{i}", **group} for i, group in enumerate(param_groups)]
+def _param_groups(objective: _Objective, param_groups: list[dict] | None, config: TrainConfig) -> list[dict]:
+    """The optimizer's groups: :func:`build_param_groups`, or the job's own (named ``group0``, ... for logging, the
+    loss module's weights in one more) with tagged parameters moved to their multiplier's group."""
+    if param_groups is None:
+        return build_param_groups(objective, config)
+    own = list(objective.loss_fn.parameters()) if isinstance(objective.loss_fn, nn.Module) else []
+    groups = param_groups + ([{"params": own}] if own else [])
+    return with_lr_multipliers(objective, [{"name": f"group{i}", **g} for i, g in enumerate(groups)], config.lr)
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
@@ -410,18 +609,17 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in batch.items()}
 
 
-def _check_resumable(saved: dict, current: dict, path: Path) -> None:
+def _check_resumable(saved: dict, current: dict, resumable: frozenset[str], path: Path) -> None:
     """Refuse to resume a checkpoint written by a run that would compute something else."""
     if saved.get("format") != current["format"]:
         raise ValueError(f"{path} has checkpoint format {saved.get('format')!r}, this version writes "
-                         f"{current['format']}; pass resume=False to start over")
+                         f"{current['format']}; start over (resume=False, --overwrite) or use another output directory")
     defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
     old = {**defaults, **saved["config"]}  # a field added since the checkpoint was written had its default then
     changes = [f"config.{key}: {old.get(key)!r} -> {value!r}"
-               for key, value in current["config"].items()
-               if key not in _RESUMABLE_CHANGES and old.get(key) != value]
+               for key, value in current["config"].items() if key not in resumable and old.get(key) != value]
     changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
                 if key not in ("config", "format") and saved.get(key) != value]
     if changes:
         raise ValueError(f"{path} was written by a different run ({'; '.join(changes)}); resume with the same "
-                         "settings and data, or pass resume=False (or another out_dir) to start over")
+                         "settings and data, or start over (resume=False, --overwrite) or use another output directory")

@@ -1,16 +1,19 @@
-"""Optimizer parameter groups (encoder / head / CRF learning rates, layer-wise decay) and the learning-rate schedule."""
+"""Optimizer parameter groups (encoder / head / CRF learning rates, layer-wise decay), the optimizers (AdamW, LAMB) and
+the learning-rate schedule."""
 
 from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from .config import TrainConfig
 
-__all__ = ["NO_DECAY", "build_param_groups", "build_scheduler", "encoder_depth", "linear_warmup_decay"]
+__all__ = ["NO_DECAY", "Lamb", "build_optimizer", "build_param_groups", "build_scheduler", "encoder_depth",
+           "linear_warmup_decay"]
 
 # A parameter whose name contains one of these gets no weight decay (nor does any parameter of a module whose
 # class name contains "Norm": LayerNorm, RMSNorm, BatchNorm1d... even when it is named "encoder.2.weight").
@@ -142,3 +145,48 @@ def build_scheduler(optimizer: Optimizer, total_steps: int, warmup: float) -> La
     """:class:`LambdaLR` with :func:`linear_warmup_decay`; ``warmup`` is a fraction of ``total_steps``."""
     warmup_steps = int(warmup * total_steps)
     return LambdaLR(optimizer, lambda step: linear_warmup_decay(step, warmup_steps, total_steps))
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB as GAU-α was pre-trained with (bert4keras AdamW + layer adaptation, bias correction off, spec §6.3):
+    ``m = b1 m + (1-b1) g``, ``v = b2 v + (1-b2) g^2``, ``u = m / (sqrt(v) + eps) + wd θ``,
+    ``θ <- θ - lr * (||θ|| / ||u||) * u``; the trust ratio is 1 when either norm is 0 and for the groups with
+    ``layer_adaptation=False`` (biases and norms, as ``exclude_from_layer_adaptation=['Norm', 'bias']``)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "layer_adaptation": True})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["m"], state["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                m, v = state["m"], state["v"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = m / (v.sqrt() + group["eps"])
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                ratio = 1.0
+                if group["layer_adaptation"]:
+                    w, u = p.norm(), update.norm()
+                    ratio = torch.where((w > 0) & (u > 0), w / u.clamp(min=1e-12), torch.ones_like(w))
+                p.sub_(update * (ratio * group["lr"]))
+        return loss
+
+
+def build_optimizer(groups: list[dict], config: TrainConfig) -> Optimizer:
+    """``config.optimizer`` over ``groups``: AdamW, or :class:`Lamb` without layer adaptation on the ``*_no_decay``
+    groups (biases and norm weights)."""
+    if config.optimizer == "lamb":
+        groups = [{**g, "layer_adaptation": not g.get("name", "").endswith("no_decay")} for g in groups]
+        return Lamb(groups, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)

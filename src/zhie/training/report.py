@@ -36,39 +36,55 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 
 
 def plot_history(history: list[dict], path: Path, metric: str) -> None:
-    """Training loss and dev ``metric`` per evaluation against the optimizer step, written atomically as PNG. Records
-    with ``per_batch`` (a multi-task loss's rows ``{"batch", "losses", "weights"}``) add each task's loss and weight per
-    batch.
+    """The records of the evaluations against the optimizer step, written atomically as PNG: the training loss (and
+    the dev ``loss`` where the evaluation gives one), the dev ``metric`` (and ``train_<metric>`` where the record has
+    it: pre-training's MLM accuracy), tokens/s where measured. Records with ``per_batch`` (a multi-task loss's rows
+    ``{"batch", "losses", "weights"}``) add each task's loss and weight per batch.
 
     Uses :class:`matplotlib.figure.Figure` directly (Agg canvas, no pyplot, no global backend switch).
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    steps = [h["step"] for h in history]
-    dev = [(h["step"], h["dev"][metric]) for h in history if isinstance(h.get("dev", {}).get(metric), float)]
+    def points(value) -> list[tuple[int, float]]:
+        pairs = [(h["step"], value(h)) for h in history]
+        return [(step, v) for step, v in pairs if isinstance(v, float)]
+
     rows = [row for h in history for row in h.get("per_batch", [])]
-    fig = Figure(figsize=(13.5 if rows else 9, 3.5), layout="constrained")
+    speed = points(lambda h: h.get("tokens_per_s"))
+    fig = Figure(figsize=(4.5 * (2 + bool(rows) + bool(speed)), 3.5), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 3 if rows else 2)
-    loss_ax, dev_ax = axes[0], axes[1]
-    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="objective")
-    loss_ax.set(title="training loss", xlabel="step", ylabel="loss")
+    axes = list(fig.subplots(1, 2 + bool(rows) + bool(speed)))
+    loss_ax, metric_ax = axes[0], axes[1]
+    for ax, curves, title in (
+            (loss_ax, {"training": points(lambda h: h.get("train_loss")),
+                       "dev": points(lambda h: h.get("dev", {}).get("loss"))}, "loss"),
+            (metric_ax, {"training": points(lambda h: h.get(f"train_{metric}")),
+                         "dev": points(lambda h: h.get("dev", {}).get(metric))}, metric)):
+        for label, curve in curves.items():
+            if curve:
+                ax.plot(*zip(*curve), marker="o", ms=3, label=label)
+        ax.set(title=title, xlabel="step", ylabel=title)
     if rows:
-        names = dict.fromkeys(name for row in rows for name in row["losses"])  # a sampled step has one task
-        for name in names:
-            mine = [row for row in rows if name in row["losses"]]
-            batches = [row["batch"] for row in mine]
-            loss_ax.plot(batches, [row["losses"][name] for row in mine], lw=0.8, label=name)
-            axes[2].plot(batches, [row["weights"][name] for row in mine], lw=0.8, label=name)
-        loss_ax.set(yscale="log")
-        loss_ax.legend(fontsize="small")
-        axes[2].set(title="task weights", xlabel="batch", ylabel="weight")
-        axes[2].legend(fontsize="small")
-    if dev:
-        dev_ax.plot(*zip(*dev), marker="o", color="tab:green")
-    dev_ax.set(title=f"dev {metric}", xlabel="step", ylabel=metric)
+        _plot_tasks(loss_ax, axes[2], rows)
+    if speed:
+        axes[-1].plot(*zip(*speed), marker="o", ms=3, color="tab:green")
+        axes[-1].set(title="tokens/s", xlabel="step")
     for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
         ax.grid(alpha=0.3)
 
     atomic_write(Path(path), lambda f: fig.savefig(f, format="png", dpi=100))
+
+
+def _plot_tasks(loss_ax, weight_ax, rows: list[dict]) -> None:
+    """Each task's loss (on ``loss_ax``, log scale) and weight per batch."""
+    names = dict.fromkeys(name for row in rows for name in row["losses"])  # a sampled step has one task
+    for name in names:
+        mine = [row for row in rows if name in row["losses"]]
+        batches = [row["batch"] for row in mine]
+        loss_ax.plot(batches, [row["losses"][name] for row in mine], lw=0.8, label=name)
+        weight_ax.plot(batches, [row["weights"][name] for row in mine], lw=0.8, label=name)
+    loss_ax.set(yscale="log")
+    weight_ax.set(title="task weights", xlabel="batch", ylabel="weight")
