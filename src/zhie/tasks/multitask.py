@@ -70,7 +70,6 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import tomllib
 import torch
 from torch import Tensor, nn
 
@@ -146,6 +145,13 @@ def _load_file(path: Path) -> dict:
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     elif path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: its backport, a dependency there
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
