@@ -8,6 +8,9 @@ writing, renamed or deleted; seen by an audit hook).
 vectors come from a DDP-wrapped linear layer, and writes ``RESULTS/rank<r>.json``: the loss and the layer's
 gradient once DDP has averaged it.
 
+``multitask CONFIG OUT RESULTS`` trains the multi-task config ``CONFIG`` (sampled steps) with :func:`zhie.fit` for 6
+steps and writes ``RESULTS/rank<r>.json``: fit's summary (this process's ``per_batch`` rows are in its history).
+
 ``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
 interrupted in its third step, resumes that run, and writes ``RESULTS/rank<r>.json``: the largest difference between
 the final weights of the two runs.
@@ -110,8 +113,15 @@ def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     return {"summary": summary, "writes": writes}
 
 
+def multitask(config: str, out: str) -> dict:
+    summary = zhie.fit("multitask", out=out, encoder="tiny", config_file=config, resume=False, progress=False,
+                       config=TrainConfig(max_steps=6, batch_size=4, lr=1e-3, seed=0, warmup=0.0))
+    torch.distributed.destroy_process_group()
+    return {"summary": summary}
+
+
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
-    result = {"cosent": cosent, "resume": resume, "ner": ner}[mode](*args)
+    result = {"cosent": cosent, "resume": resume, "ner": ner, "multitask": multitask}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))

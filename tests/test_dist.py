@@ -26,6 +26,7 @@ from zhie.training.loop import _process_batches
 
 from .conftest import DATA
 from .dist_worker import PAIRS, cosent_inputs
+from .tiny_models import multitask_config, write_multitask_data
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -46,8 +47,12 @@ def torchrun(processes: int, results: Path, *args: str, timeout: float = 120) ->
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
-        _, stderr = proc.communicate()
+        proc.terminate()  # torchrun stops its workers (each in a session of its own, out of reach of a group kill)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stderr = "(none: torchrun did not stop, and its workers may still hold its output)"
         pytest.fail(f"torchrun did not finish in {timeout} s; its stderr:\n{stderr[-5000:]}")
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); its stderr:\n{stderr[-5000:]}"
     return [json.loads((results / f"rank{r}.json").read_text()) for r in range(processes)]
@@ -130,6 +135,25 @@ def test_cosent_over_two_processes_is_cosent_over_all_pairs(tmp_path):
         torch.testing.assert_close(torch.tensor(r["bias_grad"]), layer.bias.grad, rtol=1e-5, atol=1e-6)
     half = task.head_loss(None, layer(inputs[:PAIRS]), {"labels": labels[:PAIRS // 2]})
     assert abs(half.item() - loss.item()) > 0.1  # a process ranking only its own pairs would be caught
+
+
+@needs_gloo
+def test_sampled_multitask_steps_train_the_same_member_in_every_process(tmp_path):
+    """A CWS and a CoSENT member, one sampled per step: both processes train the same member at each step (else the
+    CoSENT one waits for the other's pairs, or DDP reduces different heads), each on its own batch of it; the head
+    of the member not drawn gets no gradient, which DDP must allow."""
+    config = multitask_config(write_multitask_data(tmp_path), tmp_path, 'scheme = "equal"', members=("seg", "sim"),
+                              sampling='mode = "proportional"')
+    ranks = [r["summary"]["history"] for r in torchrun(2, tmp_path / "results", "multitask", config, tmp_path / "run")]
+    rows = [[row for record in history for row in record["per_batch"]] for history in ranks]
+    assert [row["batch"] for row in rows[0]] == list(range(1, 7))
+    members = [[name for row in r for name in row["losses"]] for r in rows]
+    assert members[0] == members[1] and set(members[0]) == {"seg", "sim"}
+    for row0, row1 in zip(*rows):
+        if "sim" in row0["losses"]:  # CoSENT ranks the pairs of both processes: the same loss in each
+            assert row0["losses"]["sim"] == pytest.approx(row1["losses"]["sim"], rel=1e-6)
+        else:  # each process has its own batch
+            assert row0["losses"]["seg"] != row1["losses"]["seg"]
 
 
 @needs_gloo

@@ -50,10 +50,14 @@ class Weighting:
 
 
 class Equal(Weighting):
-    """§5.1.1: ``α_i = 1/n``."""
+    """§5.1.1: ``α_i = 1/n`` for ``n`` tasks per step (default: as many as the losses given). Sampled steps, which
+    take one task's loss each, have ``n = 1``: ``α_i = 1``, the task's own loss."""
+
+    def __init__(self, tasks_per_step: int | None = None) -> None:
+        self.tasks_per_step = tasks_per_step
 
     def weights(self, losses: Tensor, grads: Tensor | None = None) -> Tensor:
-        return torch.full_like(losses.detach().float(), 1.0 / len(losses))
+        return torch.full_like(losses.detach().float(), 1.0 / (self.tasks_per_step or len(losses)))
 
 
 class InitialLoss(Weighting):

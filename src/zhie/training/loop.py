@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -177,7 +177,9 @@ def train(
     # else each process would train alone.
     accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
                               step_scheduler_with_optimizer=False,
-                              cpu=world_size() > 1 and not torch.cuda.is_available())
+                              cpu=world_size() > 1 and not torch.cuda.is_available(),
+                              kwargs_handlers=[DistributedDataParallelKwargs(
+                                  find_unused_parameters=config.find_unused_parameters)])
     if accelerator.num_processes != world_size():
         raise RuntimeError(f"launched as {world_size()} processes, but accelerate found no way to run them together "
                            f"on {accelerator.device} (it runs {accelerator.num_processes})")
