@@ -1,5 +1,6 @@
 """Multi-task training (issue 13): config errors, a tiny NER + CWS model that learns both through the CLI, one encoder
-pass per prediction batch for every member, the scheme's weights logged per batch."""
+pass per prediction batch for every member, each scheme's weights and encoder gradient against its formula, sampled
+members drawn as often as their probabilities and from the seed and step alone, a log bounded between evaluations."""
 
 from __future__ import annotations
 
