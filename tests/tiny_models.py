@@ -120,3 +120,32 @@ def train_similarity(out: Path, epochs: int = 2) -> Path:
     zhie.fit("similarity", out / "pairs.tsv", out / "pairs.tsv", out=out / "run", encoder="tiny", max_length=32,
              config=_config(epochs), resume=False, progress=False)
     return out / "run" / "best"
+
+
+def write_multitask_data(out: Path) -> Path:
+    """``out`` with 24 made-up sentences for each of a NER (``ner.json``), a CWS (``cws.txt``) and a similarity
+    (``sim.tsv``) member of a multi-task config (:func:`multitask_config`)."""
+    examples = demo.make_corpus(24, seed=4)
+    write_ner_jsonl(examples, out / "ner.json")
+    (out / "cws.txt").write_text("".join("  ".join([s.text for s in ex.spans] + ["了"]) + "\n" for ex in examples),
+                                 encoding="utf-8")
+    texts = [ex.text for ex in examples]
+    pairs = [f"{a}\t{b}\t{int(a[:2] == b[:2])}" for a, b in zip(texts, texts[1:] + texts[:1])]
+    (out / "sim.tsv").write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    return out
+
+
+MEMBERS = {"ner": ("ner", "ner.json", '{head = "gp", max_length = 32}'), "seg": ("cws", "cws.txt", "{max-length = 32}"),
+           "sim": ("similarity", "sim.tsv", '{loss = "cosent"}')}  # task, file (train and dev), options
+
+
+def multitask_config(data: Path, out: Path, weighting: str, members=("ner", "seg"), sampling: str = "") -> Path:
+    """``out/mt.toml``: the ``members`` (names of :data:`MEMBERS`) on the files of ``data``
+    (:func:`write_multitask_data`), each with batch_size 4; ``weighting`` and ``sampling``: the lines of the
+    ``[weighting]`` and ``[sampling]`` tables."""
+    config = out / "mt.toml"
+    config.write_text(f"[weighting]\n{weighting}\n[sampling]\n{sampling}\n" + "".join(
+        f'[[tasks]]\nname = "{m}"\ntask = "{task}"\ntrain = "{data / file}"\ndev = "{data / file}"\n'
+        f"options = {options}\nbatch_size = 4\n" for m in members for task, file, options in [MEMBERS[m]]),
+        encoding="utf-8")
+    return config

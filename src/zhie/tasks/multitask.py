@@ -30,18 +30,22 @@ Sampled steps (``proportional``, ``temperature``; the per-task loss schemes only
 each step draws one member with probability ``p_i ∝ s_i^(1/T)`` and one batch of it, where ``s_i`` is the member's
 ``sampling_weight`` or else its number of training items ``n_i``, and ``T = 1`` for ``proportional``; the step's loss
 is ``α_i L_i`` with the scheme's weight of that member alone (``equal``: ``α_i = 1``; so the expected update is
-``Σ_i p_i α_i ∇L_i``). An epoch is ``Σ_i ⌈n_i / b_i⌉`` steps. Schemes that need every task's loss or gradient at
-once (initial, generalised-mean, grad-normalise, mgda, main-auxiliary) are refused there. The objective runs the shared
-encoder once per member batch with only that member's head, takes each member's own loss ``L_i`` and forms
-``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that need the tasks'
-gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task. Backward
-passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one for the
-combined loss), 1 for the others. Under several processes (torchrun) each process computes the weights from its own
-batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`` bypasses DDP's hooks); the combined
-loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted gradients. Every
-evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
-``losses`` and the ``weights`` applied, by member — the sampled member only, on sampled steps), ``task_losses`` and
-``task_weights`` (their means over the batches that had the member).
+``Σ_i p_i α_i ∇L_i``). The member is a function of the run's seed and the step's number alone: every process of a run
+draws the same member (and its own batch of it), and the checkpoint keeps the number. An epoch is ``Σ_i ⌈n_i / b_i⌉``
+steps. Schemes that need every task's loss or gradient at once (initial, generalised-mean, grad-normalise, mgda,
+main-auxiliary) are refused there.
+
+The objective runs the shared encoder once per member batch with only that member's head, takes each member's own
+loss ``L_i`` and forms ``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that
+need the tasks' gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task.
+Backward passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one
+for the combined loss), 1 for the others. Under several processes (torchrun) each process computes the weights from
+its own batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`` bypasses DDP's hooks); the
+combined loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted
+gradients. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's ``losses`` and the
+``weights`` applied, by member — the sampled member only, on sampled steps; past 100 batches since the last
+evaluation, those of every ``k``-th batch, ``k`` a power of 2, and of the last one), ``task_losses`` and
+``task_weights`` (their means over all the batches that had the member) and ``task_batches`` (how many had it).
 
 ``gradients = "encoder-output"`` in ``[weighting]`` (gradient schemes): ``g_i`` is taken w.r.t. the encoder's output
 instead of its parameters — MGDA-UB's cheaper upper bound (spec §5.2; the n extra backward passes stop at the encoder's
@@ -70,7 +74,7 @@ import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import tomllib
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -99,6 +103,7 @@ WEIGHTING_KEYS = ("scheme", "main", "gamma", "initial_batches", "gradients")
 SAMPLING_KEYS = ("mode", "temperature")
 SAMPLING = ("all", "proportional", "temperature")
 SAMPLED_SCHEMES = ("equal", "prior", "real-time", "uncertainty")  # a weight from the member's own loss alone
+LOGGED_ROWS = 100  # per_batch rows in an evaluation's record at most (evenly spaced, and the last batch)
 GRADIENT_SPACES = ("parameters", "encoder-output")
 PATH_OPTIONS = {"re": ("schema",)}  # member options that name files: relative to the config file
 NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -146,6 +151,13 @@ def _load_file(path: Path) -> dict:
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     elif path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: its backport, a dependency there
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
@@ -367,6 +379,8 @@ class MultiTask(WindowedTask):
             self.members.append(member)
         self.batch_sizes = [m["batch_size"] for m in config.members]
         self.member_items: list[list] = []
+        self.seed = 0   # sampled steps: the run's seed, set by loop_config ...
+        self.draws = 0  # ... and the batches drawn so far (kept in the checkpoint by MultiTaskLoss)
 
     @property
     def spans(self) -> list[WindowedTask]:
@@ -458,9 +472,14 @@ class MultiTask(WindowedTask):
 
     # ---------------------------------------------------------------------------------------- training
     def loop_config(self, config):
-        """Members without a ``batch_size`` take ``config.batch_size``; the loop draws one step item at a time."""
+        """Members without a ``batch_size`` take ``config.batch_size``; the loop draws one step item at a time. Sampled
+        steps leave the other members' heads without a gradient: DDP must look for such parameters after each forward
+        pass and leave them alone (``find_unused_parameters``), as one process does (their gradients stay unset, so
+        AdamW neither decays nor moves them). A zero-weighted term of every absent head would keep DDP from failing
+        too, but would give those heads zero gradients, which AdamW still applies (momentum, weight decay)."""
         self.batch_sizes = [b or config.batch_size for b in self.batch_sizes]
-        return replace(config, batch_size=1)
+        self.seed = config.seed
+        return replace(config, batch_size=1, find_unused_parameters=self.config.sampling != "all")
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         return {name: head for m in self.members for name, head in m.build_heads(hidden_size).items()}
@@ -476,13 +495,21 @@ class MultiTask(WindowedTask):
         batches = [math.ceil(len(items) / b) for items, b in zip(self.member_items, self.batch_sizes)]
         return list(range(max(batches) if self.config.sampling == "all" else sum(batches)))
 
+    def sampled_member(self, draw: int) -> int:
+        """The member of sampled step number ``draw`` (0, 1, …), with the probabilities of
+        :meth:`MultitaskConfig.probabilities`; a function of the run's seed and ``draw`` alone, so every process of a
+        run draws the same member (a CoSENT member gathers its pairs from every process; DDP reduces the same
+        heads)."""
+        p = self.config.probabilities([len(items) for items in self.member_items])
+        return int(np.random.default_rng([self.seed, draw]).choice(len(p), p=p))
+
     def collate(self, steps: list[int]) -> dict[str, Tensor]:
-        """One random batch of every member (of one member drawn with :meth:`MultitaskConfig.probabilities`, on
-        sampled steps), its keys prefixed ``NAME/``."""
+        """One random batch of every member (of the member :meth:`sampled_member` draws, on sampled steps), its keys
+        prefixed ``NAME/``; each process draws its own batch of it."""
         chosen_members = range(len(self.members))
         if self.config.sampling != "all":
-            p = self.config.probabilities([len(items) for items in self.member_items])
-            chosen_members = [int(torch.multinomial(torch.tensor(p), 1))]
+            chosen_members = [self.sampled_member(self.draws)]
+        self.draws += 1
         batch = {}
         for i in chosen_members:
             m, items, size = self.members[i], self.member_items[i], self.batch_sizes[i]
@@ -558,7 +585,7 @@ class MultiTaskLoss(TaskLoss):
     them here). Gradient schemes get ``g_i = ∇L_i`` over the encoder's trainable parameters (``retain_graph``; the
     heads are each one task's own, and each gets ``α_i ∇L_i``), or over the encoder's outputs (``gradients =
     "encoder-output"``). Main-auxiliary sees the main task first. On a sampled step (one member's batch), the absent
-    members' losses are 0 and their weights 0.
+    members' losses are 0 and their weights 0, and ``equal`` gives the member weight 1 (one task per step).
     """
 
     def __init__(self, task: MultiTask, hidden_size: int) -> None:
@@ -571,7 +598,8 @@ class MultiTaskLoss(TaskLoss):
         self.uncertainty = UncertaintyWeighting(len(self.names)) if c.weighting == "uncertainty" else None
         self.output_space = c.gradients == "encoder-output"
         self.scheme = {
-            "equal": Equal, "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
+            "equal": lambda: Equal(1 if c.sampling != "all" else None),  # sampled: one task per step
+            "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
             "main-auxiliary": MainAuxiliary, "uncertainty": Equal,  # uncertainty: the module above decides
             "initial": lambda: InitialLoss(None, c.initial_batches),
             "generalised-mean": lambda: GeneralisedMean(c.gamma),
@@ -579,7 +607,11 @@ class MultiTaskLoss(TaskLoss):
                 task.members, task.member_items, task.batch_sizes)]),
         }[c.weighting]()
         self.batches = 0
-        self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []  # (batch, losses, weights, present) to log
+        # Since the last log: per member the sums of the losses and weights and the number of batches ([3, n]), and
+        # (batch, losses, weights, present) of every `stride`-th batch and of the last one (at most LOGGED_ROWS + 1).
+        self.sums: Tensor | None = None
+        self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []
+        self.stride = 1
 
     @staticmethod
     def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
@@ -626,32 +658,45 @@ class MultiTaskLoss(TaskLoss):
             weights[self.order] = self.scheme.weights(ordered, grads).to(losses.device)
             total = combine(losses, weights)
         weights = weights * present
-        self.batches += 1
-        self.rows.append((self.batches, losses.detach(), weights.detach(), present))
+        self.record(losses.detach(), weights.detach(), present)
         return total
 
+    def record(self, losses: Tensor, weights: Tensor, present: Tensor) -> None:
+        """Add a batch to what :meth:`log` reports (on the device: no synchronisation per batch)."""
+        self.batches += 1
+        sums = torch.stack([losses, weights, present.float()])
+        self.sums = sums if self.sums is None else self.sums.to(sums.device) + sums
+        if self.rows and self.rows[-1][0] % self.stride:
+            self.rows.pop()  # kept only while it was the last batch
+        self.rows.append((self.batches, losses, weights, present))
+        if len(self.rows) > LOGGED_ROWS:
+            self.stride *= 2
+            self.rows = [r for r in self.rows[:-1] if r[0] % self.stride == 0] + self.rows[-1:]
+
     def log(self) -> dict:
-        """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
-        means since the last call."""
+        """Since the last call: ``task_losses``, ``task_weights`` (each member's means over the batches that had it)
+        and ``task_batches`` (how many had it); ``per_batch``: the ``losses`` and ``weights`` by member of each batch,
+        or, past ``LOGGED_ROWS`` batches, of every ``k``-th (``k`` a power of 2) and of the last one, so that neither
+        a record nor the loop's history in the checkpoint grows with the batches between evaluations."""
+        if self.sums is None:
+            return {}
         rows = [{"batch": b, **{key: {n: v for n, v, here in zip(self.names, values.tolist(), present) if here}
                                 for key, values in (("losses", losses), ("weights", weights))}}
                 for b, losses, weights, present in self.rows]
-        self.rows = []
-        if not rows:
-            return {}
-
-        def mean(key: str, name: str) -> float | None:
-            values = [r[key][name] for r in rows if name in r[key]]
-            return sum(values) / len(values) if values else None
-
-        return {"task_losses": {n: mean("losses", n) for n in self.names},
-                "task_weights": {n: mean("weights", n) for n in self.names}, "per_batch": rows}
+        losses, weights, counts = self.sums.tolist()
+        self.sums, self.rows, self.stride = None, [], 1
+        return {"task_losses": {n: x / c if c else None for n, x, c in zip(self.names, losses, counts)},
+                "task_weights": {n: x / c if c else None for n, x, c in zip(self.names, weights, counts)},
+                "task_batches": {n: int(c) for n, c in zip(self.names, counts)}, "per_batch": rows}
 
     def get_extra_state(self) -> dict:
-        """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
-        return {"scheme": self.scheme.state_dict(), "batches": self.batches,
+        """For checkpoints: the scheme's state (initial losses), the batch count, what :meth:`log` has not reported
+        yet, and the task's count of drawn batches (the sampled members' sequence goes on from it)."""
+        return {"scheme": self.scheme.state_dict(), "batches": self.batches, "draws": self.task.draws,
+                "sums": None if self.sums is None else self.sums.cpu(), "stride": self.stride,
                 "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
 
     def set_extra_state(self, state: dict) -> None:
         self.scheme.load_state_dict(state["scheme"])
-        self.batches, self.rows = state["batches"], list(state["rows"])
+        self.batches, self.task.draws, self.sums = state["batches"], state["draws"], state["sums"]
+        self.stride, self.rows = state["stride"], list(state["rows"])

@@ -29,6 +29,10 @@ class TrainConfig:
       embeddings at ``lr * llrd ** L`` (:func:`zhie.training.optim.build_param_groups`).
     * ``ema``: the EMA decay; evaluation, the best model and (without evaluation) the final model use the averaged
       weights (:mod:`zhie.training.ema`).
+
+    ``find_unused_parameters`` is DDP's (several processes): a task whose steps leave some parameters without a
+    gradient sets it (:meth:`zhie.tasks.multitask.MultiTask.loop_config`); DDP then finds them after each forward pass
+    and leaves their gradients unset, as one process would (AdamW skips them), instead of failing at the next step.
     """
 
     epochs: int = 3
@@ -53,6 +57,7 @@ class TrainConfig:
     rdrop: float | None = None        # R-Drop alpha (taggers); None: off
     llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
     optimizer: str = "adamw"          # "adamw", or "lamb" (zhie.training.optim.Lamb: GAU-α's pre-training)
+    find_unused_parameters: bool = False  # DDP: some parameters may get no gradient on a step (sampled multi-task)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:

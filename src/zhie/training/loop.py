@@ -39,7 +39,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -377,8 +377,10 @@ class _Session:
 
     def __init__(self, model: nn.Module, job: Job, config: TrainConfig, cpu: bool) -> None:
         processes = join_processes(cpu)
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)
         self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
-                                       step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu")
+                                       step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu",
+                                       kwargs_handlers=[ddp])
         self.is_main, self.rank = self.accelerator.is_main_process, self.accelerator.process_index
         self.job, self.config, self.bare_model = job, config, model
         if job.data.steps_per_epoch is None and config.max_steps is None:
