@@ -124,11 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("model", help="model directory, run directory with best/, or export directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=int, default=32, help="texts per model call, gathered across requests")
-    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
+    sv.add_argument("--max-batch", type=stream.positive_int, default=64,
+                    help="texts per model call, gathered across requests (1: no batching)")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a call waits for more requests")
+    sv.add_argument("--batch-size", type=stream.positive_int, default=32,
+                    help="texts per forward pass inside a call, of similar lengths (as zhie predict's)")
+    sv.add_argument("--max-queue", type=stream.positive_int, default=1024,
+                    help="texts waiting for the model (503 with Retry-After above)")
+    sv.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
     sv.add_argument("--max-texts", type=int, default=256, help="texts per request (413 above)")
     sv.add_argument("--max-text-length", type=int, default=10_000, help="characters per text (413 above)")
-    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health, the page)")
+    key = sv.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", default=None, metavar="FILE",
+                     help="require 'Authorization: Bearer KEY' (all but /health, the page), KEY the file's first line; "
+                          "default: $ZHIE_API_KEY if set")
+    key.add_argument("--api-key", default=None, help="the key itself (visible in ps: prefer the file or ZHIE_API_KEY)")
     sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
     sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
@@ -260,8 +271,11 @@ def _extra(module: str, extra: str):
 def cmd_serve(args) -> None:
     serve = _extra("zhie.serve", "serve")
     limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
-    serve.serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                limits=limits, api_key=args.api_key, device=args.device, precision=args.precision)
+    batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
+                              max_queue=args.max_queue, timeout=args.timeout or None)
+    serve.serve(args.model, host=args.host, port=args.port, batching=batching, limits=limits,
+                api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
+                precision=args.precision)
 
 
 def cmd_export(args) -> None:
