@@ -69,28 +69,19 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomllib
-import torch
-from torch import Tensor, nn
 
 from zhie import tasks
-from zhie.model import Model
-from zhie.multitask.weighting import (
-    MGDA,
-    Equal,
-    GeneralisedMean,
-    GradNormalise,
-    InitialLoss,
-    MainAuxiliary,
-    PriorLoss,
-    RealTime,
-    UncertaintyWeighting,
-    combine,
-)
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, TaskLoss, WindowedTask, device_of
+from zhie.tasks.base import Pipeline, WindowedTask
 from zhie.text import TextTokenizer
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from zhie.model import Model
 
 SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
            "uncertainty")
@@ -329,8 +320,7 @@ class MultiTaskPipeline(Pipeline):
 
     def member(self, name: str) -> Pipeline:
         task = self.task.member(name)
-        return type(task).pipeline_class(task, self.task.view(self.model, [name]), str(device_of(self.model)),
-                                         self.precision)
+        return type(task).pipeline_class(task, self.task.view(self.model, [name]), self.device, self.precision)
 
     def encode(self, texts: list[str] | str, member: str | None = None, batch_size: int = 64, normalize: bool = True):
         """Sentence vectors of the sentence-embedding member ``member`` (default: the only one)."""
@@ -381,8 +371,8 @@ class MultiTask(WindowedTask):
 
     @staticmethod
     def view(model: Model, names: list[str]) -> Model:
-        """A :class:`Model` sharing ``model``'s encoder and the heads ``names`` (no copy)."""
-        return Model(model.encoder, {name: model.heads[name] for name in names})
+        """A model sharing ``model``'s encoder (or graph) and the heads ``names`` (no copy)."""
+        return model.view(names)
 
     # ---------------------------------------------------------------------------------------- data and config
     @classmethod
@@ -466,6 +456,8 @@ class MultiTask(WindowedTask):
     def collate(self, steps: list[int]) -> dict[str, Tensor]:
         """One random batch of every member (of one member drawn with :meth:`MultitaskConfig.probabilities`, on
         sampled steps), its keys prefixed ``NAME/``."""
+        import torch
+
         chosen_members = range(len(self.members))
         if self.config.sampling != "all":
             p = self.config.probabilities([len(items) for items in self.member_items])
@@ -478,6 +470,8 @@ class MultiTask(WindowedTask):
         return batch
 
     def objective(self, hidden_size: int) -> nn.Module:
+        from zhie.multitask.objective import MultiTaskLoss
+
         return MultiTaskLoss(self, hidden_size)
 
     # ---------------------------------------------------------------------------------------- prediction, metrics
@@ -526,110 +520,3 @@ class MultiTask(WindowedTask):
     def load_files(self, directory: Path, prefix: str = "") -> None:
         for m in self.members:
             m.load_files(directory, f"{prefix}{m.head_name}.")
-
-
-class MultiTaskLoss(TaskLoss):
-    """``Σ_i sg(α_i) L_i`` over the members' batches, ``α`` from the scheme (:mod:`zhie.multitask.weighting`); under
-    ``uncertainty`` the Kendall et al. objective with its learnable ``log σ_i²`` (not in Su's posts).
-
-    Each member's ``L_i`` is its own objective's (a member with weights of its own, Sentence-BERT's classifier, keeps
-    them here). Gradient schemes get ``g_i = ∇L_i`` over the encoder's trainable parameters (``retain_graph``; the
-    heads are each one task's own, and each gets ``α_i ∇L_i``), or over the encoder's outputs (``gradients =
-    "encoder-output"``). Main-auxiliary sees the main task first. On a sampled step (one member's batch), the absent
-    members' losses are 0 and their weights 0.
-    """
-
-    def __init__(self, task: MultiTask, hidden_size: int) -> None:
-        super().__init__(task)
-        c = task.config
-        self.names = [m.head_name for m in task.members]
-        self.member_losses = nn.ModuleList([m.objective(hidden_size) for m in task.members])
-        main = self.names.index(c.main) if c.weighting == "main-auxiliary" else 0
-        self.order = [main] + [i for i in range(len(self.names)) if i != main]
-        self.uncertainty = UncertaintyWeighting(len(self.names)) if c.weighting == "uncertainty" else None
-        self.output_space = c.gradients == "encoder-output"
-        self.scheme = {
-            "equal": Equal, "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
-            "main-auxiliary": MainAuxiliary, "uncertainty": Equal,  # uncertainty: the module above decides
-            "initial": lambda: InitialLoss(None, c.initial_batches),
-            "generalised-mean": lambda: GeneralisedMean(c.gamma),
-            "prior": lambda: PriorLoss([m.prior_loss(items, b) for m, items, b in zip(
-                task.members, task.member_items, task.batch_sizes)]),
-        }[c.weighting]()
-        self.batches = 0
-        self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []  # (batch, losses, weights, present) to log
-
-    @staticmethod
-    def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
-        """``[n, P]``: row ``i`` is ``∇L_i`` w.r.t. ``inputs[i]`` (tensors, flattened; a ``None`` gradient is zeros).
-        Over the encoder's parameters every row has the same inputs; over encoder outputs each member has its own
-        (its batch's), so the rows are placed in disjoint blocks of one long vector."""
-        rows = []
-        for loss, tensors in zip(losses, inputs):
-            grads = torch.autograd.grad(loss, tensors, retain_graph=True, allow_unused=True)
-            rows.append(torch.cat([(g if g is not None else torch.zeros_like(t)).reshape(-1).float()
-                                   for g, t in zip(grads, tensors)]))
-        if all(len(ts) == len(inputs[0]) and all(t is u for t, u in zip(ts, inputs[0])) for ts in inputs):
-            return torch.stack(rows)
-        return torch.block_diag(*(row.unsqueeze(0) for row in rows))
-
-    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        device = next(iter(batch.values())).device
-        losses, outputs, present = [], [], []
-        hook = (model.encoder.register_forward_hook(lambda module, args, out: outputs[-1].append(out.last_hidden_state))
-                if self.output_space else None)
-        try:
-            for name, objective in zip(self.names, self.member_losses):
-                prefix = f"{name}/"
-                member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
-                outputs.append([])
-                present.append(bool(member_batch))
-                losses.append(objective(model, member_batch).float() if member_batch
-                              else torch.zeros((), device=device))
-        finally:
-            if hook is not None:
-                hook.remove()
-        losses = torch.stack(losses)
-        present = torch.tensor(present, device=device)
-        if self.uncertainty is not None:
-            total, weights = self.uncertainty(losses, present), self.uncertainty.weights()
-        else:
-            ordered = losses[self.order]
-            grads = None
-            if self.scheme.needs_gradients:
-                params = [p for p in model.encoder.parameters() if p.requires_grad]
-                grads = self.gradients(ordered, [outputs[i] for i in self.order] if self.output_space
-                                       else [params] * len(ordered))
-            weights = torch.empty_like(losses)
-            weights[self.order] = self.scheme.weights(ordered, grads).to(losses.device)
-            total = combine(losses, weights)
-        weights = weights * present
-        self.batches += 1
-        self.rows.append((self.batches, losses.detach(), weights.detach(), present))
-        return total
-
-    def log(self) -> dict:
-        """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
-        means since the last call."""
-        rows = [{"batch": b, **{key: {n: v for n, v, here in zip(self.names, values.tolist(), present) if here}
-                                for key, values in (("losses", losses), ("weights", weights))}}
-                for b, losses, weights, present in self.rows]
-        self.rows = []
-        if not rows:
-            return {}
-
-        def mean(key: str, name: str) -> float | None:
-            values = [r[key][name] for r in rows if name in r[key]]
-            return sum(values) / len(values) if values else None
-
-        return {"task_losses": {n: mean("losses", n) for n in self.names},
-                "task_weights": {n: mean("weights", n) for n in self.names}, "per_batch": rows}
-
-    def get_extra_state(self) -> dict:
-        """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
-        return {"scheme": self.scheme.state_dict(), "batches": self.batches,
-                "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.scheme.load_state_dict(state["scheme"])
-        self.batches, self.rows = state["batches"], list(state["rows"])
