@@ -85,3 +85,5 @@ def test_commands_that_need_torch_say_which_extra(venv_bin, tmp_path):
     assert run(venv_bin, "--help").returncode == 0
     done = run(venv_bin, "predict", str(trained("ner-gp")), TEXTS[0])  # a torch model directory
     assert done.returncode == 2 and "pip install 'zhie[train]'" in done.stderr, done.stderr
+    done = run(venv_bin, "export", str(trained("ner-gp")), "--out", str(tmp_path / "onnx"))
+    assert done.returncode == 2 and "pip install 'zhie[train,export]'" in done.stderr, done.stderr

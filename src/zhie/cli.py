@@ -275,8 +275,9 @@ def _extra(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
+        extras = f"train,{extra}" if err.name in TORCH_MODULES else extra
         raise ValueError(f"this command needs {err.name}, which is not installed: "
-                         f"pip install 'zhie[{extra}]'") from None
+                         f"pip install 'zhie[{extras}]'") from None
 
 
 def cmd_serve(args) -> None:
