@@ -357,8 +357,8 @@ def test_sampling_errors_name_the_key(data_dir, tmp_path, tail, message):
 
 
 def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
+    from zhie.multitask.objective import MultiTaskLoss
     from zhie.multitask.weighting import MGDA
-    from zhie.tasks.multitask import MultiTaskLoss
 
     torch = pytest.importorskip("torch")
     h1, h2 = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)
