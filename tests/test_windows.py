@@ -10,6 +10,7 @@ from torch import nn
 
 from zhie import encoders
 from zhie.heads import RelationLogits
+from zhie.model import Model
 from zhie.spans import Span
 from zhie.tasks.ner import NerConfig, NerTask
 from zhie.tasks.relation import RelationConfig, RelationTask
@@ -19,22 +20,22 @@ TEXT = "".join(chr(0x4E00 + i) for i in range(N))  # distinct characters: a toke
 SCORE = 10.0
 
 
-class GoldModel(nn.Module):
+class GoldModel(Model):
     """Stands in for encoder + head: scores the gold spans of the text in whatever window it is shown.
 
     ``gold(positions) -> output`` gets the text position of every input token (-1 for special tokens and padding);
-    the task's real head is kept (the CRF tagger decodes with its own transitions and constraints).
+    the task's real head is kept (the CRF tagger decodes with its own transitions and constraints), and the
+    model's :meth:`~zhie.model.Model.arrays` hands the outputs to the task's numpy decoder as for a real model.
     """
 
     def __init__(self, task, gold) -> None:
-        super().__init__()
-        self.heads = nn.ModuleDict(task.build_heads(8))
+        super().__init__(nn.Identity(), task.build_heads(8))
         self.gold = gold
         ids = task.text_tokenizer(TEXT).ids
         self.register_buffer("position", torch.full((max(ids) + 1,), -1, dtype=torch.long).index_put_(
             (torch.tensor(ids),), torch.arange(N)))
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask, heads=None):
         positions = self.position[input_ids].masked_fill(attention_mask == 0, -1)
         positions[:, 0] = -1  # [CLS] (the tiny vocabulary's [CLS] id is below the text's ids anyway)
         return {name: self.gold(positions) for name in self.heads}
