@@ -15,6 +15,7 @@ from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.cws import read_segmented, write_segmented
 from zhie.tasks.multitask import ConfigError, read_config
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 from .conftest import DATA
 
@@ -120,7 +121,7 @@ def run(data_dir):
     out = data_dir / "run"
     assert main(["train", "multitask", "--config", str(data_dir / "mt.toml"), "--out", str(out), "--encoder", "tiny",
                  "--epochs", "10", "--batch-size", "16", "--lr", "3e-3", "--warmup", "0.05", "--seed", "0",
-                 "--eval-every", "20", "--quiet"]) == 0
+                 "--eval-every", "20", "--log-every", "4", "--quiet"]) == 0
     return out
 
 
@@ -166,7 +167,7 @@ def test_predict_runs_the_encoder_once_per_batch_for_every_member(run, data_dir)
 
 @needs_data
 def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run / "metrics.jsonl")
     rows = [row for r in records for row in r["per_batch"]]
     assert [row["batch"] for row in rows] == list(range(1, records[-1]["step"] + 1))
     for row in rows:  # real-time normalisation: α_i = 1 / L_i
@@ -175,6 +176,14 @@ def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
     assert set(records[-1]["task_losses"]) == {"ner", "seg"}
     assert records[-1]["dev"]["score"] == pytest.approx(
         (records[-1]["dev"]["ner/f1"] + records[-1]["dev"]["seg/f1"]) / 2)
+    steps, start = read_metrics(run / "metrics.jsonl", kind="step"), 0  # the means of each window of steps
+    assert [r["step"] for r in steps] == sorted({*range(4, records[-1]["step"] + 1, 4), records[-1]["step"]})
+    for record in steps:
+        window = [row for row in rows if start < row["batch"] <= record["step"]]
+        for key, name in (("task_losses", "losses"), ("task_weights", "weights")):
+            assert record[key] == pytest.approx({n: sum(r[name][n] for r in window) / len(window)
+                                                 for n in ("ner", "seg")}, rel=1e-6)
+        start = record["step"]
 
 
 @needs_data
@@ -186,8 +195,7 @@ def test_each_scheme_trains_and_logs_its_weights(data_dir, tmp_path, scheme, ext
                       .replace('"cws.txt"', f'"{data_dir}/cws.txt"'), encoding="utf-8")
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
              config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
-    rows = [row for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
-            for row in json.loads(line)["per_batch"]]
+    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 3
     for row in rows:
         w, loss = row["weights"], row["losses"]
@@ -219,8 +227,7 @@ def test_sampled_steps_draw_one_member_each_with_its_probability(data_dir, tmp_p
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
              config=TrainConfig(epochs=100, max_steps=40, batch_size=8, lr=1e-3), resume=False,
              progress=False)
-    records = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
-    rows = [row for r in records for row in r["per_batch"]]
+    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 40 and all(len(row["losses"]) == len(row["weights"]) == 1 for row in rows)
     if scheme == "real-time":  # the sampled member's own weight, 1 / L_i
         assert all(math.prod(row["weights"].values()) * math.prod(row["losses"].values()) == pytest.approx(1, rel=1e-5)
@@ -276,8 +283,7 @@ def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(d
     config = _config(data_dir, tmp_path, "mgda", extra='gradients = "encoder-output"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
              config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
-    rows = [row for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
-            for row in json.loads(line)["per_batch"]]
+    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 3 and all(sum(row["weights"].values()) == pytest.approx(1, abs=1e-5) for row in rows)
     assert zhie.load(tmp_path / "run").task.config.gradients == "encoder-output"
 

@@ -406,6 +406,11 @@ class TaskLoss(nn.Module):
         loss: each step's per-task losses and weights); called at each evaluation."""
         return {}
 
+    def step_log(self) -> dict:
+        """The same for each step record in ``metrics.jsonl`` (a multi-task loss: its members' mean losses and
+        weights since the last call)."""
+        return {}
+
 
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
                      batch_size: int = 32, **flags) -> argparse.ArgumentParser:

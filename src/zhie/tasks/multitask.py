@@ -41,7 +41,8 @@ batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`
 loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted gradients. Every
 evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
 ``losses`` and the ``weights`` applied, by member — the sampled member only, on sampled steps), ``task_losses`` and
-``task_weights`` (their means over the batches that had the member).
+``task_weights`` (their means over the batches that had the member); every step record has the same means since the
+last step record.
 
 ``gradients = "encoder-output"`` in ``[weighting]`` (gradient schemes): ``g_i`` is taken w.r.t. the encoder's output
 instead of its parameters — MGDA-UB's cheaper upper bound (spec §5.2; the n extra backward passes stop at the encoder's
@@ -580,6 +581,7 @@ class MultiTaskLoss(TaskLoss):
         }[c.weighting]()
         self.batches = 0
         self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []  # (batch, losses, weights, present) to log
+        self.window = torch.zeros(3, len(self.names), dtype=torch.float64)  # sums since the last step record
 
     @staticmethod
     def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
@@ -628,7 +630,16 @@ class MultiTaskLoss(TaskLoss):
         weights = weights * present
         self.batches += 1
         self.rows.append((self.batches, losses.detach(), weights.detach(), present))
+        self.window = self.window.to(device) + torch.stack([losses.detach().double(), weights.detach().double(),
+                                                            present.double()])
         return total
+
+    def step_log(self) -> dict:
+        """``task_losses``, ``task_weights``: each member's means over its batches since the last call."""
+        losses, weights, batches = self.window.tolist()
+        self.window = torch.zeros_like(self.window)
+        return {key: {n: s / b for n, s, b in zip(self.names, sums, batches) if b}
+                for key, sums in (("task_losses", losses), ("task_weights", weights))}
 
     def log(self) -> dict:
         """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
@@ -649,9 +660,9 @@ class MultiTaskLoss(TaskLoss):
 
     def get_extra_state(self) -> dict:
         """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
-        return {"scheme": self.scheme.state_dict(), "batches": self.batches,
+        return {"scheme": self.scheme.state_dict(), "batches": self.batches, "window": self.window.cpu(),
                 "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
 
     def set_extra_state(self, state: dict) -> None:
         self.scheme.load_state_dict(state["scheme"])
-        self.batches, self.rows = state["batches"], list(state["rows"])
+        self.batches, self.rows, self.window = state["batches"], list(state["rows"]), state["window"]
