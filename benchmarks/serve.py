@@ -1,29 +1,59 @@
-"""Load test of ``zhie serve``: 1, 4, 16 and 64 concurrent clients send CLUENER dev sentences (one per request) to one
-server on loopback for a fixed time, with request batching and without it (``--max-batch 1``).
+"""``zhie serve`` under N concurrent clients against ``zhie predict``'s offline rate on the same texts.
 
-    python benchmarks/serve.py --model runs/cluener-gp/best --seconds 10
+    python benchmarks/serve.py --model runs/pd-e5/best --data peoples_daily --clients 1,16,64 --seconds 30
 
-The server is a separate process (``zhie serve``), started once per batching setting; the clients are asyncio tasks
-over one httpx client that stop by themselves after ``--seconds``. Each row (``results/serve.jsonl``): requests/s,
-texts/s, p50/p95/p99 latency in ms, errors (any answer that is not 200, or no answer).
+Three processes on disjoint CPUs (Linux CPU affinity), so that the client does not share the server's cores:
+
+1. offline: a fresh process on ``--server-cpus`` loads the model and times ``zhie predict``'s own path
+   (``zhie.cli.prediction_lines`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``)
+   over all the texts, after a warm-up call -> sentences/s;
+2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--batch-size``;
+3. the client: this process, on ``--client-cpus``: for each concurrency level N, N keep-alive connections each send one
+   text per request (a minimal HTTP/1.1 client on asyncio streams, so that the client's own work stays small) for
+   ``--warmup`` + ``--seconds`` seconds; only answers that arrive within the last ``--seconds`` count.
+
+Torch's threads are the server CPUs' count in both 1 and 2. Default CPUs: the last one for the client, the others for
+the server (and the offline run). Each row (``results/serve.jsonl``): service sentences/s, the offline sentences/s,
+their ratio, p50/p99 latency in ms, errors (an answer that is not 200, or none), the settings and the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from datetime import date
 from pathlib import Path
 
-import httpx
 import numpy as np
+import torch
 from common import DATA, append_result, machine, machine_lock
 
 from zhie.data import read_ner
+
+DATASETS = {"peoples_daily": ("ner/peoples_daily/example.dev", "conll"), "cluener": ("ner/cluener/dev.json", "auto")}
+OFFLINE = """
+import json, sys, time, torch
+torch.set_num_threads(int(sys.argv[3]))
+import zhie
+from zhie.cli import prediction_lines
+from zhie.stream import chunks
+texts = json.load(open(sys.argv[1], encoding="utf-8"))
+batch_size, chunk_lines = int(sys.argv[4]), int(sys.argv[5])
+pipe = zhie.load(sys.argv[2])
+prediction_lines(pipe, texts[:batch_size], batch_size)  # warm-up
+t0 = time.perf_counter()
+n = sum(len(prediction_lines(pipe, chunk, batch_size)) for chunk in chunks(texts, chunk_lines))
+print(json.dumps({"sentences": n, "seconds": time.perf_counter() - t0}))
+"""
 
 
 def free_port() -> int:
@@ -32,78 +62,140 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model: str, port: int, max_batch: int, max_wait_ms: float, threads: int) -> subprocess.Popen:
-    command = [sys.executable, "-c", f"import torch; torch.set_num_threads({threads}); from zhie.cli import main; "
-               f"raise SystemExit(main())", "serve", model, "--port", str(port), "--max-batch", str(max_batch),
-               "--max-wait-ms", str(max_wait_ms)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
+def pinned(cpus: set[int]):
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def offline_rate(model: str, texts_file: str, cpus: set[int], batch_size: int, chunk_lines: int) -> float:
+    """``zhie predict``'s sentences/s over the texts, in a fresh process on ``cpus``."""
+    out = subprocess.run([sys.executable, "-c", OFFLINE, texts_file, model, str(len(cpus)), str(batch_size),
+                          str(chunk_lines)], capture_output=True, text=True, check=True, preexec_fn=pinned(cpus))
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    return record["sentences"] / record["seconds"]
+
+
+def start_server(model: str, port: int, cpus: set[int], flags: list[str]) -> subprocess.Popen:
+    command = [sys.executable, "-c", f"import torch; torch.set_num_threads({len(cpus)}); from zhie.cli import main; "
+               "raise SystemExit(main())", "serve", model, "--port", str(port), *flags]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pinned(cpus))
+    deadline = time.time() + 300
     while time.time() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return server
-        except httpx.HTTPError:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
             time.sleep(0.2)
     server.kill()
-    raise RuntimeError("the server did not answer /health within 120 s")
+    raise RuntimeError("the server was not ready within 300 s")
 
 
-async def load(url: str, texts: list[str], clients: int, seconds: float) -> dict:
-    """``clients`` loops, each sending the next sentence and waiting for the answer, until ``seconds`` have passed."""
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
+    """POST ``body`` to /predict on a keep-alive connection; the answer's status (its body is read and dropped)."""
+    writer.write(b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(v) for k, _, v in (line.partition(":") for line in lines[1:]) if k.lower() == "content-length")
+    await reader.readexactly(length)
+    return int(lines[0].split()[1])
+
+
+async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seconds: float) -> dict:
+    """``clients`` connections, each sending the next text as soon as its last answer came, for warmup + seconds."""
     latencies: list[float] = []
     errors = 0
-    end = time.perf_counter() + seconds
+    start = time.perf_counter() + warmup
+    end = start + seconds
 
-    async def client(i: int, http: httpx.AsyncClient) -> None:
+    async def client(i: int) -> None:
         nonlocal errors
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         k = i
         while time.perf_counter() < end:
             t0 = time.perf_counter()
             try:
-                r = await http.post(url, json={"texts": [texts[k % len(texts)]]})
-                ok = r.status_code == 200
-            except httpx.HTTPError:
+                ok = await exchange(reader, writer, bodies[k % len(bodies)]) == 200
+            except (OSError, asyncio.IncompleteReadError, ValueError, StopIteration):
                 ok = False
-            if ok:
-                latencies.append(time.perf_counter() - t0)
-            else:
-                errors += 1
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            t1 = time.perf_counter()
+            if start <= t1 <= end:
+                if ok:
+                    latencies.append(t1 - t0)
+                else:
+                    errors += 1
             k += clients
+        writer.close()
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as http:
-        start = time.perf_counter()
-        await asyncio.gather(*(client(i, http) for i in range(clients)))
-        elapsed = time.perf_counter() - start
+    await asyncio.gather(*(client(i) for i in range(clients)))
     ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
-    return {"requests_per_s": round(len(latencies) / elapsed, 1), "texts_per_s": round(len(latencies) / elapsed, 1),
-            "p50_ms": round(float(np.percentile(ms, 50)), 1), "p95_ms": round(float(np.percentile(ms, 95)), 1),
+    return {"sentences_per_s": round(len(latencies) / seconds, 2), "p50_ms": round(float(np.percentile(ms, 50)), 1),
             "p99_ms": round(float(np.percentile(ms, 99)), 1), "requests": len(latencies), "errors": errors}
+
+
+def cpu_set(value: str) -> set[int]:
+    """``0-2,5`` -> {0, 1, 2, 5}."""
+    cpus: set[int] = set()
+    for part in value.split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="model or export directory (a CLUENER NER model)")
-    p.add_argument("--clients", default="1,4,16,64")
-    p.add_argument("--seconds", type=float, default=10.0, help="per concurrency level")
-    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--model", required=True, help="model or export directory (an NER model)")
+    p.add_argument("--data", default="peoples_daily", choices=sorted(DATASETS))
+    p.add_argument("--limit", type=int, default=None, help="use the first N texts (after a seeded shuffle)")
+    p.add_argument("--clients", default="1,16,64")
+    p.add_argument("--seconds", type=float, default=30.0, help="measured, per concurrency level")
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring, per level")
+    p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=5.0)
-    p.add_argument("--threads", type=int, default=2, help="the server's torch threads")
+    p.add_argument("--batch-size", type=int, default=32, help="zhie predict's and the server's")
+    p.add_argument("--chunk-lines", type=int, default=4096, help="zhie predict's")
+    available = sorted(os.sched_getaffinity(0))
+    p.add_argument("--server-cpus", type=cpu_set, default=set(available[:-1] or available),
+                   help="CPUs of the server and the offline run, e.g. 0-6 (default: all but the last)")
+    p.add_argument("--client-cpus", type=cpu_set, default={available[-1]},
+                   help="CPUs of the client (default: the last)")
     args = p.parse_args()
-    texts = [ex.text for ex in read_ner(DATA / "ner" / "cluener" / "dev.json")]
-    for max_batch in (args.max_batch, 1):
-        port = free_port()
-        server = start_server(args.model, port, max_batch, args.max_wait_ms, args.threads)
-        try:
-            for clients in map(int, args.clients.split(",")):
-                row = asyncio.run(load(f"http://127.0.0.1:{port}/predict", texts, clients, args.seconds))
-                append_result("serve", {"clients": clients, "batching": max_batch > 1, "max_batch": max_batch,
-                                        "max_wait_ms": args.max_wait_ms, **row, "seconds": args.seconds,
-                                        "model": Path(args.model).name, "threads": args.threads,
-                                        "machine": machine(), "date": str(date.today())})
-        finally:
-            server.terminate()
-            server.wait(30)
+    if args.server_cpus & args.client_cpus:
+        print(f"note: the client shares CPUs {sorted(args.server_cpus & args.client_cpus)} with the server",
+              file=sys.stderr)
+    path, fmt = DATASETS[args.data]
+    texts = [ex.text for ex in read_ner(DATA / path, fmt) if ex.text]
+    random.Random(0).shuffle(texts)
+    texts = texts[:args.limit]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False) as f:
+        json.dump(texts, f, ensure_ascii=False)
+    try:
+        offline = offline_rate(args.model, f.name, args.server_cpus, args.batch_size, args.chunk_lines)
+    finally:
+        os.unlink(f.name)
+    print(f"offline (zhie predict): {offline:.2f} sentences/s over {len(texts)} texts", file=sys.stderr)
+    os.sched_setaffinity(0, args.client_cpus)
+    torch.set_num_threads(len(args.server_cpus))  # what machine() reports: the server's threads (the client has none)
+    bodies = [json.dumps({"texts": [t]}, ensure_ascii=False).encode() for t in texts]
+    flags = ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
+             "--batch-size", str(args.batch_size)]
+    port = free_port()
+    server = start_server(args.model, port, args.server_cpus, flags)
+    try:
+        for clients in map(int, args.clients.split(",")):
+            row = asyncio.run(load(port, bodies, clients, args.warmup, args.seconds))
+            append_result("serve", {"clients": clients, **row, "offline_sentences_per_s": round(offline, 2),
+                                    "ratio": round(row["sentences_per_s"] / offline, 3),
+                                    "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
+                                    "batch_size": args.batch_size, "data": args.data, "texts": len(texts),
+                                    "seconds": args.seconds, "model": Path(args.model).name,
+                                    "server_cpus": sorted(args.server_cpus), "client_cpus": sorted(args.client_cpus),
+                                    "threads": len(args.server_cpus), "machine": machine(), "date": str(date.today())})
+    finally:
+        server.terminate()
+        server.wait(30)
 
 
 if __name__ == "__main__":

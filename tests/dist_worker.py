@@ -8,6 +8,12 @@ writing, renamed or deleted; seen by an audit hook).
 vectors come from a DDP-wrapped linear layer, and writes ``RESULTS/rank<r>.json``: the loss and the layer's
 gradient once DDP has averaged it.
 
+``multitask CONFIG OUT RESULTS`` trains the multi-task config ``CONFIG`` (sampled steps) with :func:`zhie.fit` for 6
+steps and writes ``RESULTS/rank<r>.json``: fit's summary (this process's ``per_batch`` rows are in its history).
+
+``distill RECOGNIZER EVALUATOR TARGET ENCODER OUT BATCH_SIZE RESULTS`` distils an MTMT student with
+:func:`zhie.tasks.xner.distill` (64 word pairs, one epoch) and writes ``RESULTS/rank<r>.json``: the loop's summary.
+
 ``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
 interrupted in its third step, resumes that run, and writes ``RESULTS/rank<r>.json``: the largest difference between
 the final weights of the two runs.
@@ -158,8 +164,26 @@ def pretrain(out: str, *args: str) -> dict:
     return {"code": code, "writes": writes}
 
 
+def multitask(config: str, out: str) -> dict:
+    summary = zhie.fit("multitask", out=out, encoder="tiny", config_file=config, resume=False, progress=False,
+                       config=TrainConfig(max_steps=6, batch_size=4, lr=1e-3, seed=0, warmup=0.0))
+    torch.distributed.destroy_process_group()
+    return {"summary": summary}
+
+
+def distill(recognizer: str, evaluator: str, target: str, encoder: str, out: str, batch_size: str) -> dict:
+    from zhie.tasks.xner import distill as mtmt
+
+    summary = mtmt(recognizer, evaluator, target, out=out, format="wikiann", encoder=encoder, pairs=64, balanced=False,
+                   config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, seed=0, warmup=0.0),
+                   head_lr_ratio=1.0, resume=False, progress=False)
+    torch.distributed.destroy_process_group()
+    return {"summary": summary}
+
+
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
-    result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner, "pretrain": pretrain}[mode](*args)
+    result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner, "pretrain": pretrain,
+              "multitask": multitask, "distill": distill}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))

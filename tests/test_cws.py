@@ -1,5 +1,6 @@
 """Word segmentation: BMES round trips on real sentences, constraints, learning, lossless segmentation."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -69,7 +70,7 @@ def test_constrained_viterbi_never_outputs_a_forbidden_transition(crf_segmenter,
     n = len(emissions)
     logits = torch.zeros(1, n + 2, 4)
     logits[0, 1:-1] = torch.tensor(emissions)
-    (row,) = task.decode(model, {"cws": logits}, torch.ones(1, n + 2, dtype=torch.long))
+    (row,) = task.decode(model, {"cws": logits.numpy()}, np.ones((1, n + 2), dtype=np.int64))
     # the decoded words tile the sequence exactly: every position is in exactly one word
     covered = [t for hit in sorted(row, key=lambda h: h.start) for t in range(hit.start, hit.end)]
     assert covered == list(range(n))

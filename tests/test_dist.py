@@ -3,6 +3,7 @@ twice the batch (a task's ``fit`` and ``zhie pretrain``), only the main process 
 takes the main process's result, CoSENT ranks the pairs of every process, an interrupted run resumes bit-exactly,
 batches are cut into full slices, and the e5-small conversion runs once when several processes start together."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,15 +20,23 @@ import torch
 from safetensors.torch import load_file
 
 from zhie import encoders
-from zhie.encoders import e5
+from zhie.data import read_ner
+from zhie.encoders import SPECIAL_TOKENS, e5, wordpiece_tokenizer
 from zhie.encoders.mlm import HEAD_FILE
+from zhie.model import Model
+from zhie.tasks.base import seeded
+from zhie.tasks.ner import NerTask
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
+from zhie.tasks.xner import XnerEvaluatorTask
 from zhie.training import epoch_batches
+from zhie.training.dist import local_device
 from zhie.training.loop import _process_batches
 from zhie.training.report import read_metrics
 
 from .conftest import DATA
 from .dist_worker import PAIRS, cosent_inputs
+from .test_mtmt import LOC, ORG, PER, WORDS, corpus
+from .tiny_models import multitask_config, write_multitask_data
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -55,8 +64,12 @@ def launch(processes: int, *args: str, timeout: float = 120) -> None:
     try:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers
-        _, stderr = proc.communicate()
+        proc.terminate()  # torchrun stops its workers (each in a session of its own, out of reach of a group kill)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stderr = "(none: torchrun did not stop, and its workers may still hold its output)"
         pytest.fail(f"torchrun did not finish in {timeout} s; its stderr:\n{stderr[-5000:]}")
     assert proc.returncode == 0, f"torchrun failed ({proc.returncode}); its stderr:\n{stderr[-5000:]}"
 
@@ -89,17 +102,22 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "best" / "model.safetensors") | load_file(run / "best" / "head.safetensors")
 
 
-@needs_gloo
-def test_two_processes_train_as_one_with_twice_the_batch(ner_runs):
-    tmp, one, two = ner_runs["tmp"], ner_runs["one"]["summary"], ner_runs["two"][0]["summary"]
-    assert one["steps"] == two["steps"] == 4 and one["best_step"] == two["best_step"] == 4  # best/ = final weights
-    assert two["history"][0]["train_loss"] == pytest.approx(one["history"][0]["train_loss"], rel=1e-6)
+def assert_same_training(tmp: Path) -> None:
+    """``tmp/run1`` and ``tmp/run2`` saved the same weights, which training moved away from ``tmp/encoder``'s."""
     w1, w2 = weights(tmp / "run1"), weights(tmp / "run2")
     assert w1.keys() == w2.keys()
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], rtol=0, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
     initial = load_file(tmp / "encoder" / "model.safetensors")
     assert max((w1[name] - initial[name]).abs().max().item() for name in initial) > 1e-3  # training moved them
+
+
+@needs_gloo
+def test_two_processes_train_as_one_with_twice_the_batch(ner_runs):
+    tmp, one, two = ner_runs["tmp"], ner_runs["one"]["summary"], ner_runs["two"][0]["summary"]
+    assert one["steps"] == two["steps"] == 4 and one["best_step"] == two["best_step"] == 4  # best/ = final weights
+    assert two["history"][0]["train_loss"] == pytest.approx(one["history"][0]["train_loss"], rel=1e-6)
+    assert_same_training(tmp)
 
 
 @needs_gloo
@@ -214,10 +232,76 @@ def test_cosent_over_two_processes_is_cosent_over_all_pairs(tmp_path):
 
 
 @needs_gloo
+def test_sampled_multitask_steps_train_the_same_member_in_every_process(tmp_path):
+    """A CWS and a CoSENT member, one sampled per step: both processes train the same member at each step (else the
+    CoSENT one waits for the other's pairs, or DDP reduces different heads), each on its own batch of it; the head
+    of the member not drawn gets no gradient, which DDP must allow."""
+    config = multitask_config(write_multitask_data(tmp_path), tmp_path, 'scheme = "equal"', members=("seg", "sim"),
+                              sampling='mode = "proportional"')
+    ranks = [r["summary"]["history"] for r in torchrun(2, tmp_path / "results", "multitask", config, tmp_path / "run")]
+    rows = [[row for record in history for row in record["per_batch"]] for history in ranks]
+    assert [row["batch"] for row in rows[0]] == list(range(1, 7))
+    members = [[name for row in r for name in row["losses"]] for r in rows]
+    assert members[0] == members[1] and set(members[0]) == {"seg", "sim"}
+    for row0, row1 in zip(*rows):
+        if "sim" in row0["losses"]:  # CoSENT ranks the pairs of both processes: the same loss in each
+            assert row0["losses"]["sim"] == pytest.approx(row1["losses"]["sim"], rel=1e-6)
+        else:  # each process has its own batch
+            assert row0["losses"]["seg"] != row1["losses"]["seg"]
+
+
+@needs_gloo
 def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
     """Bit-exact resume in 2 processes with dropout: each process gets its own generators back from the
     checkpoint (the main process's alone would give the other one different dropout masks)."""
     assert [r["max_difference"] for r in torchrun(2, tmp_path / "results", "resume", tmp_path)] == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MTMT distillation: 2 processes x batch 8 against 1 process x batch 16
+# ---------------------------------------------------------------------------------------------------------------
+@needs_gloo
+def test_distill_in_two_processes_trains_as_one_with_twice_the_batch(tmp_path):
+    """Untrained teachers (they need not be good), each process running them on its own batches of pairs; a student
+    without dropout (a process draws its own masks): 64 pairs of 40 target sentences, 4 steps, the same weights as one
+    process with twice the batch."""
+    from transformers import BertConfig, BertModel
+
+    (tmp_path / "src.txt").write_text(corpus(40, 1), encoding="utf-8")
+    (tmp_path / "tgt.txt").write_text(corpus(40, 2), encoding="utf-8")
+    chars = sorted({c for w in PER + LOC + ORG + WORDS for c in w})
+    vocab = SPECIAL_TOKENS + WORDS + chars + ["##" + c for c in chars]
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=48, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    with seeded(0):
+        BertModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "encoder")
+    tokenizer = wordpiece_tokenizer(vocab)
+    tokenizer.save_pretrained(tmp_path / "encoder")
+    examples = read_ner(tmp_path / "src.txt", "wikiann")
+    recognizer = NerTask.configure(examples, encoder="", mode="word", head="softmax", max_length=48)
+    for name, task in (("rec", NerTask(dataclasses.replace(recognizer, dropout=0.0), tokenizer)),
+                       ("ev", XnerEvaluatorTask(XnerEvaluatorTask.configure(examples, encoder="", max_length=48),
+                                                tokenizer))):
+        with seeded(1):
+            task.save(Model(encoders.load(str(tmp_path / "encoder"))[0], task.build_heads(32)), tmp_path / name)
+    args = [tmp_path / "rec", tmp_path / "ev", tmp_path / "tgt.txt", tmp_path / "encoder"]
+    two = torchrun(2, tmp_path / "results2", "distill", *args, tmp_path / "run2", 8)
+    one = torchrun(1, tmp_path / "results1", "distill", *args, tmp_path / "run1", 16)[0]["summary"]
+    assert one["steps"] == two[0]["summary"]["steps"] == two[1]["summary"]["steps"] == 4
+    assert_same_training(tmp_path)
+
+
+def test_each_process_runs_the_teachers_on_its_own_gpu(monkeypatch):
+    """distill's teachers go where the loop puts the student: the GPU of the process's LOCAL_RANK (not cuda:0 in
+    every process), or the CPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert local_device() == torch.device("cuda", 3)
+    monkeypatch.delenv("LOCAL_RANK")
+    assert local_device() == torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert local_device() == torch.device("cpu")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """zhie export and the onnxruntime runtime: the graph's logits equal torch's (tolerance :data:`LOGIT_TOLERANCE`, the
 largest difference printed) and the predictions are the same, with windows, nested spans and empty texts, for every
-NER head, GPLinker, segmentation and sentence embeddings; int8 against an accuracy floor."""
+NER head, GPLinker, segmentation, sentence embeddings and a multi-task model; int8 against an accuracy floor."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ SCORE_TOLERANCE = 1e-4
 LONG = "".join(ex.text + r["text"] for ex, r in zip(nested_corpus(8, seed=11), relation_corpus(8, seed=12)))
 TEXTS = [LONG, "吕洋琼在清宁县银行工作。", "", "   ", "好", "蔡涛勇毕业于新平省基金会，住在湖南区。",
          "王伟毕业于远华大学，远华大学位于临江县。"]
-KINDS = ["ner-gp", "ner-egp", "ner-crf", "ner-softmax", "re", "cws", "similarity"]
+KINDS = ["ner-gp", "ner-egp", "ner-crf", "ner-softmax", "re", "cws", "similarity", "multitask"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -49,7 +51,8 @@ def test_exported_logits_and_predictions_equal_torch(exported):
 
     inputs = check_inputs(torch_pipe.task, [t[:40] for t in TEXTS])  # batch of 7, padded, one row all padding
     expected = flatten(torch_pipe.model(**inputs))
-    got = [t.numpy() for t in flatten(onnx_pipe.model(**inputs))]
+    arrays = onnx_pipe.model.arrays(inputs["input_ids"].numpy(), inputs["attention_mask"].numpy())
+    got = [a for value in arrays.values() for a in (value.values() if isinstance(value, dict) else [value])]
     diff = largest_difference(expected, got)
     print(f"{kind}: max abs logit difference {diff:.2e} over {sum(g.size for g in got)} cells")
     assert diff <= LOGIT_TOLERANCE
@@ -58,6 +61,10 @@ def test_exported_logits_and_predictions_equal_torch(exported):
         np.testing.assert_allclose(onnx_pipe.encode(TEXTS), torch_pipe.encode(TEXTS), atol=SCORE_TOLERANCE)
         return
     want, have = torch_pipe.predict(TEXTS, batch_size=4), onnx_pipe.predict(TEXTS, batch_size=4)
+    if kind == "multitask":  # NER (CRF) and CWS members from one pass, then the embedding member
+        want, have = ([p[name] for name in ("ner", "cws") for p in predictions] for predictions in (want, have))
+        np.testing.assert_allclose(onnx_pipe.encode(TEXTS, member="sim"), torch_pipe.encode(TEXTS, member="sim"),
+                                   atol=SCORE_TOLERANCE)
     print(f"{kind}: {[len(w) for w in want]} hits per text")
     assert sum(map(len, want)) >= 2 and want[2] == have[2] == []  # something to compare; the empty text has nothing
     for w, h in zip(want, have):
@@ -71,6 +78,18 @@ def test_nested_spans_come_back_from_the_export(exported):
     _, _, out = exported
     (spans,) = zhie.load(out).predict(["吕洋琼在清宁县银行工作。"])
     assert {("清宁县银行", "ORG"), ("清宁县", "LOC")} <= {(s.text, s.label) for s in spans}
+
+
+@pytest.mark.parametrize("exported", ["ner-crf"], indirect=True)
+def test_help_and_predicting_from_an_export_import_no_torch(exported):
+    """Start-up (issue 25): `zhie --help` and `zhie predict EXPORT TEXT` import neither torch nor transformers."""
+    _, _, out = exported
+    code = ("import atexit, sys; atexit.register(lambda: print('heavy:', sorted({m.split('.')[0] for m in sys.modules} "
+            "& {'torch', 'transformers', 'accelerate'}))); from zhie.cli import main; sys.exit(main(sys.argv[1:]))")
+    for args in (["--help"], ["predict", str(out), TEXTS[1]]):
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stdout.splitlines()[-1] == "heavy: []", (args, done.stdout[-500:],
+                                                                                       done.stderr[-2000:])
 
 
 def test_int8_stays_above_an_accuracy_floor(tmp_path):

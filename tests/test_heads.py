@@ -369,14 +369,12 @@ def test_softmax_tagger():
     logits = tagger(h)
     assert logits.shape == (2, 4, 5)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    argmax = logits.argmax(-1)
-    assert tagger.decode(logits, mask).tolist() == [argmax[0].tolist(), argmax[1, :2].tolist() + [-1, -1]]
     tags = torch.tensor([[1, 2, 3, 4], [0, 1, -100, -100]])
     expected = torch.nn.functional.cross_entropy(logits[mask.bool()], tags[mask.bool()])
     torch.testing.assert_close(tagger.loss(logits, tags), expected)
 
 
-def test_crf_tagger_loss_and_decoding_are_its_crfs():
+def test_crf_tagger_loss_is_its_crfs():
     torch.manual_seed(0)
     tags = ["O", "B-PER", "I-PER"]
     tagger = CrfTagger(8, tags, "BIO", lr_multiplier=10).eval()
@@ -385,7 +383,4 @@ def test_crf_tagger_loss_and_decoding_are_its_crfs():
     mask = labels != -100
     expected = -tagger.crf.log_likelihood(emissions, labels.clamp(min=0), mask).mean()
     torch.testing.assert_close(tagger.loss(emissions, labels), expected)
-    allowed, start, end = bio_allowed_transitions(tags)
-    paths = tagger.decode(emissions, mask)
-    reference, _ = tagger.crf.viterbi(emissions, mask, allowed=allowed, allowed_start=start, allowed_end=end)
-    assert torch.equal(paths, reference) and tagger.crf.lr_multiplier == 10
+    assert tagger.crf.lr_multiplier == 10

@@ -1,23 +1,29 @@
 """Multi-task training (issue 13): config errors, a tiny NER + CWS model that learns both through the CLI, one encoder
-pass per prediction batch for every member, the scheme's weights logged per batch."""
+pass per prediction batch for every member, each scheme's weights and encoder gradient against its formula, sampled
+members drawn as often as their probabilities and from the seed and step alone, a log bounded between evaluations."""
 
 from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 
 import pytest
+import torch
 
 import zhie
 from zhie.cli import main
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.cws import read_segmented, write_segmented
-from zhie.tasks.multitask import ConfigError, read_config
+from zhie.model import Model
+from zhie.tasks.base import prepare_encoder, seeded
+from zhie.tasks.multitask import ConfigError, MultiTask, read_config
 from zhie.training import TrainConfig
 from zhie.training.report import read_metrics
 
 from .conftest import DATA
+from .tiny_models import multitask_config, write_multitask_data
 
 needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not here")
 
@@ -106,10 +112,27 @@ def test_yaml_configs_without_pyyaml_say_to_use_toml(data_dir, monkeypatch):
         read_config(data_dir / "mt.yaml")
 
 
+def test_without_tomllib_every_task_imports_and_a_toml_config_says_what_to_install(tmp_path):
+    """Python 3.10 (which the package supports) has no tomllib: every task still imports, and a TOML config needs
+    tomli (a dependency there); here both are made missing."""
+    (tmp_path / "mt.toml").write_text("[[tasks]]\n", encoding="utf-8")
+    code = ("import sys; sys.modules['tomllib'] = sys.modules['tomli'] = None\n"
+            "from zhie import tasks\n"
+            "print(' '.join(sorted(t.name for t in tasks.all_tasks())))\n"
+            "from zhie.tasks.multitask import ConfigError, read_config\n"
+            "try:\n    read_config(sys.argv[1])\nexcept ConfigError as err:\n    print(err)\n")
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mt.toml")], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    names, message = result.stdout.splitlines()
+    assert {"multitask", "ner", "cws", "re", "similarity"} <= set(names.split())
+    assert message == f"{tmp_path / 'mt.toml'}: reading TOML on Python 3.10 needs tomli: pip install tomli"
+
+
 @needs_data
 def test_a_yaml_config_reads_like_the_toml_one(data_dir):
     yaml = pytest.importorskip("yaml")
-    import tomllib
+    tomllib = pytest.importorskip("tomllib")
 
     (data_dir / "same.yaml").write_text(yaml.safe_dump(tomllib.loads((data_dir / "mt.toml").read_text())))
     assert read_config(data_dir / "same.yaml") == read_config(data_dir / "mt.toml")
@@ -186,32 +209,6 @@ def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
         start = record["step"]
 
 
-@needs_data
-@pytest.mark.parametrize("scheme, extra", [("mgda", ""), ("main-auxiliary", 'main = "seg"'), ("prior", ""),
-                                           ("generalised-mean", "gamma = 2.0"), ("uncertainty", "")])
-def test_each_scheme_trains_and_logs_its_weights(data_dir, tmp_path, scheme, extra):
-    config = tmp_path / "mt.toml"
-    config.write_text(CONFIG.format(scheme=scheme, extra=extra).replace('"ner.json"', f'"{data_dir}/ner.json"')
-                      .replace('"cws.txt"', f'"{data_dir}/cws.txt"'), encoding="utf-8")
-    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
-             config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
-    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
-    assert len(rows) == 3
-    for row in rows:
-        w, loss = row["weights"], row["losses"]
-        assert all(math.isfinite(v) and v >= 0 for v in [*w.values(), *loss.values()])
-        if scheme == "mgda":
-            assert w["ner"] + w["seg"] == pytest.approx(1.0, abs=1e-5)
-        if scheme == "main-auxiliary":
-            assert w["seg"] == 1.0
-        if scheme == "generalised-mean":  # α_i ∝ L_i^(γ-1)
-            assert w["ner"] / w["seg"] == pytest.approx(loss["ner"] / loss["seg"], rel=1e-4)
-        if scheme == "uncertainty":  # exp(-s_i) / 2 with s_i starting at 0
-            assert rows[0]["weights"] == {"ner": 0.5, "seg": 0.5}
-        if scheme == "prior":  # 1 / L_i^prior, fixed
-            assert w == rows[0]["weights"]
-
-
 # ------------------------------------------------------------------------------------------ sampling, MGDA-UB, paths
 def _config(data_dir, tmp_path, scheme: str, extra: str = "", tail: str = "") -> object:
     config = tmp_path / "mt.toml"
@@ -220,28 +217,138 @@ def _config(data_dir, tmp_path, scheme: str, extra: str = "", tail: str = "") ->
     return config
 
 
-@needs_data
-@pytest.mark.parametrize("mode, scheme", [("proportional", "real-time"), ("temperature", "uncertainty")])
-def test_sampled_steps_draw_one_member_each_with_its_probability(data_dir, tmp_path, mode, scheme):
-    config = _config(data_dir, tmp_path, scheme, tail=f'\n[sampling]\nmode = "{mode}"\ntemperature = 2.0\n')
+# ------------------------------------------------------------------------------------------ weights, sampling, the log
+@pytest.fixture(scope="module")
+def made_up(tmp_path_factory):
+    return write_multitask_data(tmp_path_factory.mktemp("made_up"))
+
+
+def built(config, seed: int = 0):
+    """What zhie.fit builds before training: the task (its items encoded), the model and the objective."""
+    train, dev = MultiTask.read_splits(None, None, config_file=config)
+    task_config = MultiTask.configure(train, encoder="tiny", config_file=config)
+    encoder, tokenizer = prepare_encoder("tiny", texts=MultiTask.texts(train + dev), mode=task_config.mode)
+    task = MultiTask(task_config, tokenizer)
+    task.loop_config(TrainConfig(seed=seed))
+    task.encode(train)
+    with seeded(0):
+        model = Model(encoder, task.build_heads(encoder.config.hidden_size))
+        objective = task.objective(encoder.config.hidden_size)
+    return task, model, objective
+
+
+def flat(tensors) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+@pytest.mark.parametrize("weighting", ['scheme = "equal"', 'scheme = "real-time"', 'scheme = "prior"',
+                                       'scheme = "generalised-mean"\ngamma = 2.0', 'scheme = "grad-normalise"',
+                                       'scheme = "mgda"', 'scheme = "main-auxiliary"\nmain = "seg"',
+                                       'scheme = "uncertainty"'])
+def test_the_objective_moves_the_encoder_by_the_weighted_task_gradients(made_up, tmp_path, weighting):
+    """One step of every scheme: each member's loss and encoder gradient computed here on its own, the weights from
+    them by each scheme's formula (MGDA and main-auxiliary for two tasks in closed form); the logged losses and
+    weights are these, and the objective's gradient over the encoder is ``Σ α_i ∇L_i``."""
+    task, model, objective = built(multitask_config(made_up, tmp_path, weighting))
+    model.eval()  # no dropout: the same losses here as in the objective
+    batch = task.collate([0])
+    total = objective(model, batch)
+    (row,) = objective.log()["per_batch"]
+    params = list(model.encoder.parameters())
+    losses, grads = [], []
+    for member, member_loss in zip(task.members, objective.member_losses):
+        prefix = member.head_name + "/"
+        loss = member_loss(model, {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)})
+        losses.append(loss.item())
+        grads.append(flat(torch.autograd.grad(loss, params)).double())
+    (ner, seg), (g1, g2) = losses, grads
+    scheme = weighting.split('"')[1]
+    if scheme == "equal":
+        alpha = [0.5, 0.5]
+    elif scheme == "real-time":
+        alpha = [1 / ner, 1 / seg]
+    elif scheme == "prior":  # each member's own prior loss over its items in batches of 4
+        alpha = [1 / m.prior_loss(items, 4) for m, items in zip(task.members, task.member_items)]
+    elif scheme == "generalised-mean":  # the gradient of sqrt((ner² + seg²) / 2)
+        mean = math.sqrt((ner ** 2 + seg ** 2) / 2)
+        alpha = [ner / (2 * mean), seg / (2 * mean)]
+    elif scheme == "grad-normalise":
+        alpha = [1 / g1.norm().item(), 1 / g2.norm().item()]
+    elif scheme == "mgda":  # the point of the segment [g1, g2] nearest 0
+        a = ((g2 - g1) @ g2 / (g1 - g2).norm() ** 2).clamp(0, 1).item()
+        alpha = [a, 1 - a]
+    elif scheme == "main-auxiliary":  # seg is the main task; ner is projected only when it conflicts
+        alpha = [max(0.0, -(g1 @ g2).item()) / (g1 @ g1).item(), 1.0]
+    else:  # uncertainty: exp(-s_i) / 2 with s_i starting at 0
+        alpha = [0.5, 0.5]
+    assert [row["losses"]["ner"], row["losses"]["seg"]] == pytest.approx(losses, rel=1e-5)
+    assert [row["weights"]["ner"], row["weights"]["seg"]] == pytest.approx(alpha, rel=1e-4, abs=1e-9)
+    total_grad = flat(torch.autograd.grad(total, params)).double()
+    expected = alpha[0] * g1 + alpha[1] * g2
+    assert (total_grad - expected).norm() <= 1e-4 * expected.norm()
+    if scheme == "main-auxiliary":
+        assert g1 @ total_grad >= -1e-6 and g2 @ total_grad >= -1e-6  # neither loss increases to first order
+
+
+@pytest.mark.parametrize("mode, p_ner", [("proportional", 9 / (9 + 24)), ("temperature", 3 / (3 + 24 ** 0.5))])
+def test_sampled_steps_draw_each_member_as_often_as_its_probability(made_up, tmp_path, mode, p_ner):
+    """NER's sampling_weight 9 against CWS's 24 items, T = 2 for temperature: p ∝ s^(1/T). 4,000 draws, the share of
+    NER within 4 standard deviations; the draws are a function of the seed and the step number alone."""
+    config = multitask_config(made_up, tmp_path, 'scheme = "real-time"', sampling=f'mode = "{mode}"\ntemperature = 2.0')
+    config.write_text(config.read_text().replace('batch_size = 4\n', 'batch_size = 4\nsampling_weight = 9\n', 1))
+    task, _, _ = built(config)
+    assert len(task.member_items[1]) == 24
+    n = 4000
+    draws = [task.sampled_member(k) for k in range(n)]
+    assert abs(draws.count(0) / n - p_ner) < 4 * math.sqrt(p_ner * (1 - p_ner) / n)
+    again, _, _ = built(config)
+    assert [again.sampled_member(k) for k in range(200)] == draws[:200]  # the same in every process
+    other_seed, _, _ = built(config, seed=1)
+    assert [other_seed.sampled_member(k) for k in range(200)] != draws[:200]
+
+
+def test_sampled_training_takes_the_drawn_members_each_with_its_own_loss(made_up, tmp_path):
+    """``equal`` on sampled steps weighs the drawn member's loss by 1 (one task per step); the members trained are
+    those drawn from the run's seed, counted in ``task_batches``."""
+    config = multitask_config(made_up, tmp_path, 'scheme = "equal"', sampling='mode = "proportional"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
-             config=TrainConfig(epochs=100, max_steps=40, batch_size=8, lr=1e-3), resume=False,
-             progress=False)
-    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
-    assert len(rows) == 40 and all(len(row["losses"]) == len(row["weights"]) == 1 for row in rows)
-    if scheme == "real-time":  # the sampled member's own weight, 1 / L_i
-        assert all(math.prod(row["weights"].values()) * math.prod(row["losses"].values()) == pytest.approx(1, rel=1e-5)
-                   for row in rows)
-    pipe = zhie.load(tmp_path / "run")
-    c = pipe.task.config
-    assert (c.sampling, c.temperature) == (mode, 2.0)
-    n = [48, 48]  # one item per sentence in both members; a sampling weight replaces the count
-    assert c.probabilities(n) == pytest.approx([0.5, 0.5])
-    c.members[0]["sampling_weight"] = 9.0
-    t = 1.0 if mode == "proportional" else 2.0
-    assert c.probabilities(n)[0] == pytest.approx(9 ** (1 / t) / (9 ** (1 / t) + 48 ** (1 / t)))
-    seen = {name for row in rows for name in row["losses"]}
-    assert seen == {"ner", "seg"}
+             config=TrainConfig(max_steps=8, batch_size=4, lr=1e-3, seed=3), resume=False, progress=False)
+    (record,) = read_metrics(tmp_path / "run/metrics.jsonl")
+    rows = record["per_batch"]
+    task, _, _ = built(config, seed=3)
+    names = ["ner", "seg"]
+    assert [list(row["losses"]) for row in rows] == [[names[task.sampled_member(k)]] for k in range(8)]
+    assert all(list(row["weights"].values()) == [1.0] for row in rows)
+    drawn = [name for row in rows for name in row["losses"]]
+    assert record["task_batches"] == {name: drawn.count(name) for name in names} and set(drawn) == set(names)
+    assert record["task_weights"] == {"ner": 1.0, "seg": 1.0}
+
+
+def test_the_log_keeps_evenly_spaced_batches_and_exact_means(made_up, tmp_path):
+    """1,000 batches between two evaluations: at most 101 rows in the record and in the checkpoint (every k-th batch,
+    k a power of 2, and the last), the means and counts over all 1,000; the state a checkpoint keeps gives the same
+    record and the same next sampled member back."""
+    config = multitask_config(made_up, tmp_path, 'scheme = "real-time"', sampling='mode = "proportional"')
+    task, _, objective = built(config)
+    for b in range(1, 1001):
+        present = torch.tensor([b % 3 == 0, b % 3 != 0])
+        objective.record(torch.tensor([b, 2.0 * b]) * present, torch.tensor([1.0, 0.5]) * present, present)
+    task.draws = 1000
+    state = objective.get_extra_state()
+    assert len(state["rows"]) <= 101
+    _, _, resumed = built(config)
+    resumed.set_extra_state(state)
+    assert resumed.task.draws == 1000
+    log, log_resumed = objective.log(), resumed.log()
+    assert log == log_resumed and objective.log() == {}  # reported once
+    batches = [row["batch"] for row in log["per_batch"]]
+    assert 50 <= len(batches) <= 101 and batches[-1] == 1000
+    steps = {b - a for a, b in zip(batches, batches[1:-1])}
+    assert len(steps) == 1 and steps.pop() in (8, 16)  # evenly spaced, a power of 2 apart
+    ner = range(3, 1001, 3)
+    assert log["task_batches"] == {"ner": len(ner), "seg": 1000 - len(ner)}
+    assert log["task_losses"]["ner"] == pytest.approx(sum(ner) / len(ner))
+    assert log["task_weights"] == {"ner": 1.0, "seg": 0.5}
 
 
 @needs_data
@@ -259,8 +366,8 @@ def test_sampling_errors_name_the_key(data_dir, tmp_path, tail, message):
 
 
 def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
+    from zhie.multitask.objective import MultiTaskLoss
     from zhie.multitask.weighting import MGDA
-    from zhie.tasks.multitask import MultiTaskLoss
 
     torch = pytest.importorskip("torch")
     h1, h2 = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)

@@ -51,7 +51,7 @@ def test_cmeee_nested_spans_survive_encoding_and_decoding():
         logits = torch.full((b, k, n * n), -5.0)
         logits.scatter_(2, batch["labels"], 5.0)
         logits[:, :, 0] = -5.0  # index 0 is label padding
-        rows = task.labeling.decode(None, logits.view(b, k, n, n), batch["attention_mask"])
+        rows = task.labeling.decode(logits.view(b, k, n, n).numpy(), batch["attention_mask"].numpy())
         for ex, row in zip(examples[start:start + 32], rows):
             enc = task.text_tokenizer(ex.text)
             decoded = set()

@@ -8,6 +8,7 @@ import pytest
 
 from tests.tiny_models import nested_corpus, trained
 from zhie.cli import main
+from zhie.data import DataError
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'zhie[ray]')")
 pytest.importorskip("pandas", reason="Ray Data needs pandas (the ray extra: ray[data])")
@@ -63,3 +64,27 @@ def test_ray_bad_line_names_file_and_line(local_ray, tmp_path, capsys):
     assert main(["predict", str(trained("ner-gp")), "--ray", "--ray-cpus", "0.5", "--skip-bad-lines", "--input",
                  str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out")]) == 0
     assert [row["text"] for row in read_shards(tmp_path / "out")] == ["张三去了北京。"]
+
+
+def test_each_ray_task_reads_a_piece_of_a_file(local_ray, tmp_path):
+    """20 lines in pieces of 8 lines are 3 read tasks (blocks), not one for the file; a Parquet file's pieces are its
+    row groups; the line numbers are the file's (line 10, blank, has no text), also in a bad line's message."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zhie.ray_predict import pieces, read_piece, read_rows
+
+    lines = TEXTS[:9] + [""] + TEXTS[9:19]
+    (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    pq.write_table(pa.table({"text": TEXTS[:12]}), tmp_path / "b.parquet", row_group_size=5)
+    files = [str(tmp_path / "a.txt"), str(tmp_path / "b.parquet")]
+    assert [p["first"] for f in files for p in pieces(f, 8)] == [1, 9, 17, 1, 6, 11]
+    ds = read_rows(files, 8).materialize()
+    assert ds.num_blocks() == 6
+    rows = sorted(ds.take_all(), key=lambda r: (r["file"], r["line"]))
+    assert [(r["line"], r["text"]) for r in rows] == (
+        [(n, t) for n, t in enumerate(lines, 1) if t] + list(enumerate(TEXTS[:12], 1)))
+    (tmp_path / "c.jsonl").write_text("".join(f'{{"text": "{t}"}}\n' for t in TEXTS[:9]) + '{"id": 1}\n',
+                                      encoding="utf-8")
+    with pytest.raises(DataError, match=r"c\.jsonl:10: a JSON line needs"):
+        read_piece(pieces(str(tmp_path / "c.jsonl"), 8)[1])

@@ -1,10 +1,12 @@
 """zhie serve: every endpoint, limit and error case through FastAPI's TestClient; request batching counted on the
-batcher's model calls; the page in a real headless Chromium (marked ``browser``, skipped with its reason when
-playwright or Debian's chromium is missing)."""
+batcher's model calls; a full queue, a timeout and a dead worker made certain by a model call that waits on an event;
+a chunked body sent to a real uvicorn; the page in a real headless Chromium (marked ``browser``, skipped with its
+reason when playwright or Debian's chromium is missing)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import socket
@@ -22,7 +24,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 import zhie  # noqa: E402
 from tests.tiny_models import trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.serve import Batcher, Limits, create_app  # noqa: E402
+from zhie.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
 
 NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -51,16 +53,21 @@ def test_predict_answers_what_zhie_predict_prints(ner_pipe):
 
 
 def test_health_info_docs_and_page(ner_pipe):
-    with TestClient(create_app(ner_pipe, max_batch=8, max_wait_ms=2)) as client:
-        assert client.get("/health").json() == {"status": "ok"}
+    with TestClient(create_app(ner_pipe, batching=Batching(max_batch=8, max_wait_ms=2))) as client:
+        health = client.get("/health")
+        assert health.status_code == 200 and client.get("/health/ready").status_code == 200
+        assert health.json()["status"] == "ok" and health.json()["live"] and health.json()["ready"]
+        assert health.json()["workers"]["predict"] == {"state": "running", "queued_texts": 0, "queued_requests": 0,
+                                                       "max_queue": 1024, "running_texts": 0, "running_s": None}
         info = client.get("/info").json()
         assert info["task"] == "ner" and info["output_key"] == "entities"
         assert info["labels"] == ["LOC", "ORG", "PER"] and info["encoder"] == "bert"
         assert info["zhie_version"] == zhie.__version__ and info["runtime"] == "torch"
-        assert info["batching"] == {"max_batch": 8, "max_wait_ms": 2}
+        assert info["batching"] == {"max_batch": 8, "max_wait_ms": 2, "batch_size": 32, "max_queue": 1024,
+                                    "timeout": 30.0}
         assert client.get("/docs").status_code == 200
         paths = set(client.get("/openapi.json").json()["paths"])
-        assert {"/predict", "/embed", "/similarity", "/info", "/health"} <= paths
+        assert {"/predict", "/embed", "/similarity", "/info", "/health", "/health/ready"} <= paths
         page = client.get("/")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert page.headers["content-security-policy"] == "default-src 'self'"
@@ -92,6 +99,20 @@ def test_limits_answer_413_with_the_limit(ner_pipe):
                         headers={"content-type": "application/json"})
         assert r.status_code == 413 and "limit of 2000 bytes" in r.json()["detail"]
         assert client.post("/predict", json={"texts": ["好"] * 3}).status_code == 200  # at the limit
+    assert app.state.batchers["predict"].calls == 1
+
+
+def test_a_chunked_body_over_the_limit_is_413(ner_pipe):
+    app = create_app(ner_pipe, limits=Limits(max_texts=3, max_text_length=20, max_body_bytes=2000))
+    body = '{"texts": ["好"]'.encode() + b" " * 3000 + b"}"  # JSON within the text limits, too many bytes
+    with TestClient(app) as client:
+        r = client.post("/predict", content=(body[i:i + 500] for i in range(0, len(body), 500)),
+                        headers={"content-type": "application/json"})
+        assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+        assert r.status_code == 413 and "limit of 2000 bytes" in r.json()["detail"], r.text
+        r = client.post("/predict", content=iter([b'{"texts": ', b'["\xe5\xa5\xbd"]}']),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 200 and r.json()[0]["text"] == "好"  # a chunked body within the limit
     assert app.state.batchers["predict"].calls == 1
 
 
@@ -192,7 +213,7 @@ class FailsOnBoom:
         self.pipe, self.task, self.model, self.seen = pipe, pipe.task, pipe.model, []
 
     def predict(self, texts, batch_size=32):
-        self.seen.append(len(texts))
+        self.seen.append(list(texts))
         if any("boom" in t for t in texts):
             raise RuntimeError("the model broke")
         return self.pipe.predict(texts, batch_size)
@@ -200,14 +221,14 @@ class FailsOnBoom:
 
 def test_concurrent_http_requests_are_batched_and_a_bad_one_stays_alone(ner_pipe):
     pipe = FailsOnBoom(ner_pipe)
-    app = create_app(pipe, max_batch=64, max_wait_ms=300)
+    app = create_app(pipe, batching=Batching(max_batch=64, max_wait_ms=300))
     texts = [NESTED, "许霞娜去了福江省。", "赵娥在清西湾出版社工作。"] * 4
     expected = {t: json.loads(json.dumps(ner_pipe.task.to_json(p))) for t, p in zip(texts, ner_pipe.predict(texts))}
     batcher = app.state.batchers["predict"]
     with TestClient(app) as client, ThreadPoolExecutor(len(texts) + 1) as pool:
         answers = list(pool.map(lambda t: client.post("/predict", json={"texts": [t]}), texts))
         assert [r.json()[0]["entities"] for r in answers] == [expected[t] for t in texts]
-        assert batcher.calls < len(texts) and max(pipe.seen) > 1, pipe.seen  # 12 requests, fewer model calls
+        assert batcher.calls < len(texts) and max(map(len, pipe.seen)) > 1, pipe.seen  # 12 requests, fewer calls
 
         pipe.seen.clear()
         futures = [pool.submit(client.post, "/predict", json={"texts": [t]}) for t in texts]
@@ -216,6 +237,109 @@ def test_concurrent_http_requests_are_batched_and_a_bad_one_stays_alone(ner_pipe
         assert bad.result().status_code == 500 and "other requests are not affected" in bad.result().json()["detail"]
         assert [r.json()[0]["entities"] for r in answers] == [expected[t] for t in texts]
         assert client.get("/health").status_code == 200
+
+
+def test_a_call_runs_in_forward_passes_of_similar_lengths(ner_pipe):
+    lengths = [50, 10, 48, 12, 200, 11, 49, 9]
+    groups = length_groups(lengths, batch_size=3)
+    assert groups == [[4], [0, 6, 2], [3, 5, 1], [7]]  # longest first, <= 3 rows, >= 80 % of each pass is text
+    assert [len(g) for g in length_groups([5] * 70, 32)] == [32, 32, 6] and length_groups([], 32) == []
+
+    pipe = FailsOnBoom(ner_pipe)
+    texts = ["许霞娜去了福江省。" * 6, NESTED, "许霞娜去了福江省。" * 5 + NESTED[:8], "许霞娜去了福江省。"]
+    with TestClient(create_app(pipe)) as client:
+        r = client.post("/predict", json={"texts": texts})
+    assert pipe.seen == [[texts[0], texts[2]], [texts[1], texts[3]]]  # one call, two forward passes
+    assert r.json() == json.loads(json.dumps([{"text": t, "entities": ner_pipe.task.to_json(p)}
+                                              for t, p in zip(texts, ner_pipe.predict(texts))]))
+
+
+class Gate(FailsOnBoom):
+    """A pipeline whose model calls wait for ``release`` (``entered`` is set when the first starts)."""
+
+    def __init__(self, pipe) -> None:
+        super().__init__(pipe)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def predict(self, texts, batch_size=32):
+        self.entered.set()
+        if not self.release.wait(120):
+            raise RuntimeError("the test never released the model call")
+        return super().predict(texts, batch_size)
+
+
+def wait_until(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the server never reached the state the test waits for"
+        time.sleep(0.02)
+
+
+def predict_worker(client) -> dict:
+    return client.get("/health").json()["workers"]["predict"]
+
+
+def test_a_full_queue_is_answered_503_with_retry_after_and_health_shows_the_depth(ner_pipe):
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, batching=Batching(max_batch=1, max_wait_ms=0, max_queue=2, timeout=60),
+                     limits=Limits(max_texts=2))
+    with TestClient(app) as client, ThreadPoolExecutor(2) as pool:
+        running = pool.submit(client.post, "/predict", json={"texts": [NESTED]})
+        assert pipe.entered.wait(60)
+        queued = pool.submit(client.post, "/predict", json={"texts": ["甲", "乙"]})
+        wait_until(lambda: predict_worker(client)["queued_texts"] == 2)
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["live"] and not health.json()["ready"]
+        assert health.json()["status"] == "busy" and client.get("/health/ready").status_code == 503
+        worker = health.json()["workers"]["predict"]
+        assert worker["state"] == "running" and worker["queued_requests"] == 1 and worker["running_texts"] == 1
+        assert worker["running_s"] >= 0 and worker["max_queue"] == 2
+
+        r = client.post("/predict", json={"texts": ["丙"]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "2 texts are waiting and the queue holds 2" in r.json()["detail"]
+        pipe.release.set()
+        assert running.result().status_code == 200 and queued.result().status_code == 200
+        assert client.get("/health/ready").status_code == 200
+    assert pipe.seen == [[NESTED], ["甲", "乙"]]  # the refused text never reached the model
+
+
+def test_a_request_past_the_timeout_gets_504_and_its_texts_never_reach_the_model(ner_pipe):
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, batching=Batching(max_batch=1, max_wait_ms=0, timeout=2))
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(client.post, "/predict", json={"texts": [NESTED]})
+        assert pipe.entered.wait(60)
+        r = client.post("/predict", json={"texts": ["等得太久的句子"]})  # queued behind the call that waits
+        assert r.status_code == 504 and "timeout of 2 s; its texts were dropped" in r.json()["detail"], r.text
+        assert predict_worker(client)["queued_texts"] == 0
+        pipe.release.set()
+        assert running.result().status_code == 504 and "its result was dropped" in running.result().json()["detail"]
+        wait_until(lambda: predict_worker(client)["running_texts"] == 0)
+    assert pipe.seen == [[NESTED]]
+
+
+class Crash(BaseException):
+    """Not an Exception: what a request's error handling does not catch, so the batching worker dies of it."""
+
+
+class Crashes(FailsOnBoom):
+    def predict(self, texts, batch_size=32):
+        raise Crash("the model thread was torn down")
+
+
+def test_health_reports_a_dead_worker_and_requests_get_503(ner_pipe):
+    with TestClient(create_app(Crashes(ner_pipe))) as client:
+        assert client.get("/health").status_code == 200
+        r = client.post("/predict", json={"texts": [NESTED]})
+        assert r.status_code == 503 and "stopped during the model call" in r.json()["detail"], r.text
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "unavailable" and not health.json()["live"]
+        assert health.json()["workers"]["predict"]["state"] == "failed: Crash: the model thread was torn down"
+        assert health.json()["workers"]["embed"]["state"] == "running"
+        assert client.get("/health/ready").status_code == 503
+        r = client.post("/predict", json={"texts": [NESTED]})
+        assert r.status_code == 503 and "worker is failed: Crash" in r.json()["detail"]
 
 
 def test_cli_serve_flags_and_errors(tmp_path, capsys):
@@ -239,6 +363,29 @@ def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
     assert info["precision"] == "bf16"
 
 
+def test_cli_serve_reads_the_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch, capsys):
+    import uvicorn
+
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app))
+    model = str(trained("ner-gp"))
+    (tmp_path / "key").write_text("from-file\nignored\n")
+    monkeypatch.setenv(API_KEY_ENV, "from-env")
+    for flags, key in [([], "from-env"), (["--api-key-file", str(tmp_path / "key")], "from-file"),
+                       (["--api-key", "from-flag"], "from-flag")]:
+        assert main(["serve", model, *flags]) == 0
+        with TestClient(served.pop("app")) as client:
+            assert client.get("/info", headers={"Authorization": "Bearer other"}).status_code == 401
+            assert client.get("/info", headers={"Authorization": f"Bearer {key}"}).status_code == 200, flags
+    (tmp_path / "empty").write_text("\n")
+    assert main(["serve", model, "--api-key-file", str(tmp_path / "empty")]) == 2
+    assert f"the API key from the file {tmp_path / 'empty'} is empty" in capsys.readouterr().err
+    assert main(["serve", model, "--api-key-file", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err and not served  # nothing was served
+    with pytest.raises(SystemExit):
+        main(["serve", model, "--api-key", "a", "--api-key-file", str(tmp_path / "key")])
+
+
 # ----------------------------------------------------------------------------------------------- the browser
 def _chromium() -> tuple[str | None, str]:
     try:
@@ -258,21 +405,45 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def live_server(ner_pipe):
+@contextlib.contextmanager
+def running(app):
+    """``app`` served by a real uvicorn on a free loopback port, in a thread; yields the port."""
     import uvicorn
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(ner_pipe), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
     while not server.started:
         assert time.time() < deadline, "uvicorn did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def live_server(ner_pipe):
+    with running(create_app(ner_pipe)) as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_a_chunked_body_is_refused_at_the_limit_before_it_ends(ner_pipe):
+    app = create_app(ner_pipe, limits=Limits(max_body_bytes=2000))
+    with running(app) as port, socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        chunk = b'{"texts": ["' + b"a" * 1000
+        for _ in range(3):  # 3036 bytes of a body that never ends (no last chunk)
+            s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        answer = b""
+        while part := s.recv(65536):  # the server answers and closes while the body is still open
+            answer += part
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert b"request body over the limit of 2000 bytes (reading stopped at" in answer
 
 
 @pytest.mark.browser

@@ -11,10 +11,10 @@ from zhie.cli import main
 from zhie.data import DataError
 from zhie.data.sts import read_pairs
 from zhie.heads import Pooling
-from zhie.losses import cosent_loss
+from zhie.losses import SbertObjective, cosent_loss
 from zhie.metrics import spearman
 from zhie.model import Model
-from zhie.tasks.similarity import SbertObjective, SimilarityConfig, SimilarityTask
+from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig
 
 from .conftest import DATA

@@ -2,6 +2,7 @@
 saving, and their CLI flags."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -223,8 +224,11 @@ def test_rdrop_refuses_span_heads_clearly(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- EMA
 def test_ema_weights_are_evaluated_and_saved(tmp_path):
+    """The weights evaluated and saved are the average of the training weights; after train() returns the model holds
+    the last training weights: those of the same run without EMA (which never feeds back into training)."""
     torch.manual_seed(0)
     model = nn.Linear(3, 1)
+    without_ema = copy.deepcopy(model)
     items = [(torch.randn(3), torch.randn(1)) for _ in range(8)]
     at_loss, evaluated, saved = [], [], []
 
@@ -241,9 +245,12 @@ def test_ema_weights_are_evaluated_and_saved(tmp_path):
 
     collate = lambda rows: {"x": torch.stack([r[0] for r in rows]), "y": torch.stack([r[1] for r in rows])}  # noqa: E731
     config = TrainConfig(epochs=2, batch_size=4, lr=0.1, warmup=0.0, ema=0.5)
-    train(model, items, collate=collate, loss_fn=loss_fn, config=config, out_dir=tmp_path, evaluate=evaluate,
+    train(model, items, collate=collate, loss_fn=loss_fn, config=config, out_dir=tmp_path / "ema", evaluate=evaluate,
           save_best=save_best, progress=False)
     final = state(model)
+    train(without_ema, items, collate=collate, loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+          config=dataclasses.replace(config, ema=None), out_dir=tmp_path / "plain", progress=False)
+    assert all(torch.equal(final[k], v) for k, v in state(without_ema).items())  # the training weights came back
     weights = at_loss[1:] + [final]  # the weights after each optimizer step (4 steps)
     ema = EMA(nn.Linear(3, 1), 0.5)
     for name in ema.shadow:
@@ -256,7 +263,6 @@ def test_ema_weights_are_evaluated_and_saved(tmp_path):
     for k in average:
         torch.testing.assert_close(evaluated[-1][k], average[k])
         assert not torch.equal(evaluated[-1][k], final[k])  # ... and they are not the training weights
-    assert all(torch.equal(state(model)[k], final[k]) for k in final)  # training weights back after evaluation
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -90,22 +90,25 @@ def brute_min_norm(gram: np.ndarray) -> float:
     return float(result.fun)
 
 
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", range(12))
 def test_mgda_is_the_minimum_norm_point(seed):
+    """At the iterations training uses (250), on 2 to 8 tasks; 8 gradients in 2 dimensions have the origin in their
+    hull (minimum 0), where plain Frank–Wolfe was still off by orders of magnitude."""
     g = torch.Generator().manual_seed(seed)
-    n, dim = [(2, 5), (3, 5), (4, 10), (5, 3)][seed % 4]
+    n, dim = [(2, 5), (3, 5), (4, 10), (5, 3), (8, 20), (8, 2)][seed % 6]
     grads = torch.randn(n, dim, generator=g, dtype=torch.float64)
-    if seed % 2:  # a shared direction: a common descent direction exists
+    if seed >= 6:  # a shared direction: a common descent direction exists
         grads += 2 * torch.randn(1, dim, generator=g, dtype=torch.float64)
     gram = grads @ grads.T
-    alpha = min_norm_weights(gram, iterations=5000)
+    alpha = min_norm_weights(gram)
     assert alpha.min() >= 0 and alpha.sum().item() == pytest.approx(1.0)
-    assert (alpha @ gram @ alpha).item() == pytest.approx(brute_min_norm(gram.numpy()), rel=1e-4, abs=1e-8)
+    assert (alpha @ gram @ alpha).item() == pytest.approx(brute_min_norm(gram.numpy()), rel=1e-6, abs=1e-9)
     u = alpha @ grads
     if u.norm() > 1e-6:  # then u is a common descent direction: <u, g_i> >= |u|^2 > 0 for every task
-        assert ((grads @ u) >= u.norm() ** 2 * (1 - 1e-3)).all()
-    weights = MGDA(iterations=5000).weights(torch.ones(n), grads.float())
-    torch.testing.assert_close(weights, alpha.float(), rtol=1e-3, atol=1e-4)
+        assert ((grads @ u) >= u.norm() ** 2 * (1 - 1e-6)).all()
+    weights = MGDA().weights(torch.ones(n), grads.float())
+    assert (weights.double() @ gram @ weights.double()).item() == pytest.approx(
+        (alpha @ gram @ alpha).item(), rel=1e-4, abs=1e-6)
 
 
 def test_mgda_with_two_opposite_gradients_stops():

@@ -62,7 +62,8 @@ def trained(kind: str) -> Path:
         return train_ner(out, "gp")
     if kind.startswith("ner-"):
         return train_ner(out, kind[4:], n=120, epochs=4)
-    return {"re": train_relation, "cws": train_cws, "similarity": train_similarity}[kind](out)
+    return {"re": train_relation, "cws": train_cws, "similarity": train_similarity,
+            "multitask": train_multitask}[kind](out)
 
 
 def _config(epochs: int, lr: float = 2e-3, batch_size: int = 16) -> TrainConfig:
@@ -102,10 +103,23 @@ def train_relation(out: Path, head: str = "egp", n: int = 100, epochs: int = 6) 
     return out / "run" / "best"
 
 
+def write_segmented_corpus(path: Path) -> Path:
+    lines = ["  ".join([s.text for s in ex.spans] + ["了"]) for ex in demo.make_corpus(120, seed=4)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_pairs(path: Path) -> Path:
+    sentences = [ex.text for ex in demo.make_corpus(80, seed=5)]
+    rows = [f"{a}\t{b}\t{int(a[:2] == b[:2])}" for a, b in zip(sentences, sentences[1:] + sentences[:1])]
+    rows += [f"{a}\t{a}\t1" for a in sentences[:20]]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
 def train_cws(out: Path, epochs: int = 4) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["  ".join([s.text for s in ex.spans] + ["了"]) for ex in demo.make_corpus(120, seed=4)]
-    (out / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_segmented_corpus(out / "train.txt")
     zhie.fit("cws", out / "train.txt", out / "train.txt", out=out / "run", encoder="tiny", head="crf",
              config=_config(epochs), resume=False, progress=False)
     return out / "run" / "best"
@@ -113,10 +127,71 @@ def train_cws(out: Path, epochs: int = 4) -> Path:
 
 def train_similarity(out: Path, epochs: int = 2) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    sentences = [ex.text for ex in demo.make_corpus(80, seed=5)]
-    rows = [f"{a}\t{b}\t{int(a[:2] == b[:2])}" for a, b in zip(sentences, sentences[1:] + sentences[:1])]
-    rows += [f"{a}\t{a}\t1" for a in sentences[:20]]
-    (out / "pairs.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    write_pairs(out / "pairs.tsv")
     zhie.fit("similarity", out / "pairs.tsv", out / "pairs.tsv", out=out / "run", encoder="tiny", max_length=32,
              config=_config(epochs), resume=False, progress=False)
+    return out / "run" / "best"
+
+
+def write_multitask_data(out: Path) -> Path:
+    """``out`` with 24 made-up sentences for each of a NER (``ner.json``), a CWS (``cws.txt``) and a similarity
+    (``sim.tsv``) member of a multi-task config (:func:`multitask_config`)."""
+    examples = demo.make_corpus(24, seed=4)
+    write_ner_jsonl(examples, out / "ner.json")
+    (out / "cws.txt").write_text("".join("  ".join([s.text for s in ex.spans] + ["了"]) + "\n" for ex in examples),
+                                 encoding="utf-8")
+    texts = [ex.text for ex in examples]
+    pairs = [f"{a}\t{b}\t{int(a[:2] == b[:2])}" for a, b in zip(texts, texts[1:] + texts[:1])]
+    (out / "sim.tsv").write_text("\n".join(pairs) + "\n", encoding="utf-8")
+    return out
+
+
+MEMBERS = {"ner": ("ner", "ner.json", '{head = "gp", max_length = 32}'), "seg": ("cws", "cws.txt", "{max-length = 32}"),
+           "sim": ("similarity", "sim.tsv", '{loss = "cosent"}')}  # task, file (train and dev), options
+
+
+def multitask_config(data: Path, out: Path, weighting: str, members=("ner", "seg"), sampling: str = "") -> Path:
+    """``out/mt.toml``: the ``members`` (names of :data:`MEMBERS`) on the files of ``data``
+    (:func:`write_multitask_data`), each with batch_size 4; ``weighting`` and ``sampling``: the lines of the
+    ``[weighting]`` and ``[sampling]`` tables."""
+    config = out / "mt.toml"
+    config.write_text(f"[weighting]\n{weighting}\n[sampling]\n{sampling}\n" + "".join(
+        f'[[tasks]]\nname = "{m}"\ntask = "{task}"\ntrain = "{data / file}"\ndev = "{data / file}"\n'
+        f"options = {options}\nbatch_size = 4\n" for m in members for task, file, options in [MEMBERS[m]]),
+        encoding="utf-8")
+    return config
+
+
+MULTITASK_CONFIG = """
+[[tasks]]
+name = "ner"
+task = "ner"
+train = "ner.jsonl"
+dev = "ner.jsonl"
+options = {head = "crf", flatten = true, max_length = 64}
+
+[[tasks]]
+name = "cws"
+task = "cws"
+train = "cws.txt"
+dev = "cws.txt"
+
+[[tasks]]
+name = "sim"
+task = "similarity"
+train = "pairs.tsv"
+dev = "pairs.tsv"
+options = {max_length = 32}
+"""
+
+
+def train_multitask(out: Path, epochs: int = 4) -> Path:
+    """NER (CRF), segmentation and sentence embeddings on one encoder (members ``ner``, ``cws``, ``sim``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_ner_jsonl(nested_corpus(120, seed=1), out / "ner.jsonl")
+    write_segmented_corpus(out / "cws.txt")
+    write_pairs(out / "pairs.tsv")
+    (out / "mt.toml").write_text(MULTITASK_CONFIG, encoding="utf-8")
+    zhie.fit("multitask", out=out / "run", encoder="tiny", config_file=out / "mt.toml", config=_config(epochs),
+             resume=False, progress=False)
     return out / "run" / "best"

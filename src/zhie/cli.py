@@ -2,6 +2,10 @@
 
 Tasks are found through the registry (:mod:`zhie.tasks`): ``zhie train TASK`` gets the common training flags plus
 the task's own (``Task.add_arguments``), and a task may add commands (``Task.add_commands``).
+
+Start-up: the parser is built for the command on the command line only (:func:`build_parser`): the others are one
+line of help each, so ``zhie --help`` imports no task and no torch, and ``zhie predict`` imports the task of its model
+(and torch only for a torch model, not for an export).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from zhie import pretrain, stream, tasks
+from zhie import stream, tasks
 from zhie.data import FORMATS, DataError
 from zhie.files import atomic_write_text
 from zhie.precision import PRECISIONS
@@ -95,18 +99,28 @@ def _train_config(args):
                        report_to=args.report_to)
 
 
-def build_parser() -> argparse.ArgumentParser:
+TRAIN_HELP = "train a model"
+PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"  # zhie.pretrain's
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``zhie`` parser: every command with its flags, or, given ``argv``, only the command it names with its flags
+    and the others as one line of help (their modules, and the tasks', are not imported)."""
+    command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = sub.add_parser("train", help="train a model")
-    commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
-    for cls in tasks.all_tasks():
-        p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
-        _train_flags(p, cls.data_flags)
-        group = p.add_argument_group(f"{cls.name} options")
-        cls.add_arguments(group)
-        p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+    if command in (None, "train"):
+        train = sub.add_parser("train", help=TRAIN_HELP)
+        commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
+        for cls in tasks.all_tasks():
+            p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
+            _train_flags(p, cls.data_flags)
+            group = p.add_argument_group(f"{cls.name} options")
+            cls.add_arguments(group)
+            p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+    else:
+        sub.add_parser("train", help=TRAIN_HELP)
 
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
@@ -130,19 +144,34 @@ def build_parser() -> argparse.ArgumentParser:
                      help="model replicas (default: the cluster's GPUs, else 1)")
     ray.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per worker")
 
-    for cls in tasks.all_tasks():
-        cls.add_commands(sub)
-    _watch_flags(pretrain.add_command(sub), "<out>-logs")
+    _task_commands(sub, command)
+    if command in (None, "pretrain"):
+        from zhie import pretrain
+
+        _watch_flags(pretrain.add_command(sub), "<out>-logs")
+    else:
+        sub.add_parser("pretrain", help=PRETRAIN_HELP)
 
     sv = sub.add_parser("serve", help="serve a model over HTTP (API, request batching, a page at /); the serve extra")
     sv.add_argument("model", help="model directory, run directory with best/, or export directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=int, default=32, help="texts per model call, gathered across requests")
-    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a batch waits for more requests")
+    sv.add_argument("--max-batch", type=stream.positive_int, default=64,
+                    help="texts per model call, gathered across requests (1: no batching)")
+    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a call waits for more requests")
+    sv.add_argument("--batch-size", type=stream.positive_int, default=32,
+                    help="texts per forward pass inside a call, of similar lengths (as zhie predict's)")
+    sv.add_argument("--max-queue", type=stream.positive_int, default=1024,
+                    help="texts waiting for the model (503 with Retry-After above)")
+    sv.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
     sv.add_argument("--max-texts", type=int, default=256, help="texts per request (413 above)")
     sv.add_argument("--max-text-length", type=int, default=10_000, help="characters per text (413 above)")
-    sv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health, the page)")
+    key = sv.add_mutually_exclusive_group()
+    key.add_argument("--api-key-file", default=None, metavar="FILE",
+                     help="require 'Authorization: Bearer KEY' (all but /health, the page), KEY the file's first line; "
+                          "default: $ZHIE_API_KEY if set")
+    key.add_argument("--api-key", default=None, help="the key itself (visible in ps: prefer the file or ZHIE_API_KEY)")
     sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
     sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
@@ -160,6 +189,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--quiet", action="store_true")
     return parser
+
+
+def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None:
+    """The tasks' own commands (``Task.add_commands``): that of ``command`` from its task, the others of zhie's own
+    tasks as their help line (:data:`zhie.tasks.COMMANDS`); every task's for a command zhie does not know (a task of
+    an entry point's), or when ``command`` is None."""
+    known = {*tasks.COMMANDS, "train", "eval", "predict", "serve", "export", "demo", "pretrain", ""}
+    if command is None or command not in known:
+        for cls in tasks.all_tasks():
+            cls.add_commands(sub)
+        return
+    for name, (task, help) in tasks.COMMANDS.items():
+        if name == command:
+            tasks.get(task).add_commands(sub)
+        else:
+            sub.add_parser(name, help=help)
 
 
 def cmd_train(args) -> None:
@@ -267,15 +312,19 @@ def _extra(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as err:
+        extras = f"train,{extra}" if err.name in TORCH_MODULES else extra
         raise ValueError(f"this command needs {err.name}, which is not installed: "
-                         f"pip install 'zhie[{extra}]'") from None
+                         f"pip install 'zhie[{extras}]'") from None
 
 
 def cmd_serve(args) -> None:
     serve = _extra("zhie.serve", "serve")
     limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
-    serve.serve(args.model, host=args.host, port=args.port, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
-                limits=limits, api_key=args.api_key, device=args.device, precision=args.precision)
+    batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
+                              max_queue=args.max_queue, timeout=args.timeout or None)
+    serve.serve(args.model, host=args.host, port=args.port, batching=batching, limits=limits,
+                api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
+                precision=args.precision)
 
 
 def cmd_export(args) -> None:
@@ -287,16 +336,30 @@ def cmd_export(args) -> None:
     print(json.dumps({"export": str(out), **{k: record[k] for k in ("opset", "quantize", "fp32_max_abs_diff")}}))
 
 
+def cmd_pretrain(args) -> None:
+    from zhie import pretrain
+
+    pretrain.cmd_pretrain(args)
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo,
-            "pretrain": pretrain.cmd_pretrain, "serve": cmd_serve,
+            "pretrain": cmd_pretrain, "serve": cmd_serve,
             "export": cmd_export}
+TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an export runs without them
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        args = build_parser(argv).parse_args(argv)
         handler = getattr(args, "handler", None)  # a task's own command that is not over texts (zhie distill)
         (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
+    except ModuleNotFoundError as err:
+        if err.name not in TORCH_MODULES:
+            raise
+        print(f"zhie: error: this needs {err.name}, which is not installed (the runtime extra runs exports only): "
+              f"pip install 'zhie[train]'", file=sys.stderr)
+        return 2
     except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
         print(f"zhie: error: {err}", file=sys.stderr)
         return 2

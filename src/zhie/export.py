@@ -3,8 +3,9 @@
 The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``input_ids`` and ``attention_mask``
 (int64 ``[batch, length]``, both axes dynamic), one output per head tensor, in the order of
 :func:`output_layout` (a head whose output is a dataclass, GPLinker's :class:`~zhie.heads.RelationLogits`, gives
-one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own (:mod:`zhie.runtime`):
-thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF, argmax for softmax, windows for long texts.
+one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own numpy decoders
+(:mod:`zhie.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
+argmax for softmax, windows for long texts. :mod:`zhie.runtime` runs an export without torch.
 
 The export directory is a model directory without the encoder's weights: ``config.json``, the tokenizer files,
 ``zhie.json``, ``head.safetensors`` (the heads' weights: decoding reads the CRF's transitions there; the BIO/BMES
@@ -13,8 +14,7 @@ quantisation, outputs, the largest difference to torch's logits measured at expo
 onnxruntime. ``--quantize int8``: onnxruntime's dynamic quantisation (int8 weights of the matrix products, activations
 quantised per batch at run time); its outputs differ from fp32's and are checked against an accuracy floor.
 
-Multi-task models are refused: their prediction builds torch modules around the encoder
-(:meth:`zhie.tasks.multitask.MultiTask.view`), which an exported encoder is not.
+A multi-task model exports as one graph with every member's head; its members decode from it as from the torch model.
 """
 
 from __future__ import annotations
@@ -29,14 +29,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zhie.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
 from zhie.tasks.base import model_inputs, save_model_dir
 from zhie.text import TextTokenizer
 from zhie.version import __version__
 
-GRAPH_FILE = "model.onnx"
-EXPORT_FILE = "export.json"
 ENCODER_WEIGHTS = "model.safetensors"
-INPUTS = ("input_ids", "attention_mask")
 DEFAULT_OPSET = 18  # the torch.onnx (dynamo) exporter's own; a lower one goes through a version conversion
 FP32_TOLERANCE = 1e-3  # export fails if the graph's logits differ from torch's by more on its check texts
 CHECK_TEXTS = ("王伟在青山市的远华大学工作了很多年，后来去了临江县。", "好",
@@ -95,8 +93,8 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
            quantize: str | None = None) -> Path:
     """Write the export directory ``out`` for the model in ``model_dir`` (atomically); returns ``out``.
 
-    Raises ``ValueError`` for a multi-task model, an unknown ``quantize``, or an fp32 graph whose logits differ from
-    torch's by more than :data:`FP32_TOLERANCE` on :data:`CHECK_TEXTS`.
+    Raises ``ValueError`` for an unknown ``quantize``, or an fp32 graph whose logits differ from torch's by more than
+    :data:`FP32_TOLERANCE` on :data:`CHECK_TEXTS`.
     """
     import onnxruntime as ort
 
@@ -107,9 +105,6 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
         raise ValueError(f"unknown quantisation {quantize!r}; use int8 (or none)")
     pipe = zhie.load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
-    if hasattr(task, "members"):
-        raise ValueError("multi-task models cannot be exported yet: their prediction wraps the encoder in torch "
-                         "modules (MultiTask.view); export a single-task model")
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
         raise ValueError(f"zhie export knows span tasks and sentence encoders; {task.name} is neither")
     example = check_inputs(task, CHECK_TEXTS[1:])

@@ -19,7 +19,9 @@ from torch import Tensor
 
 __all__ = [
     "MASKED_LOGIT_THRESHOLD",
+    "SbertObjective",
     "SoftmaxLoss",
+    "TaskLoss",
     "cosent_loss",
     "cosine_mse_loss",
     "global_pointer_loss",
@@ -195,3 +197,37 @@ class SoftmaxLoss(torch.nn.Module):
 def cosine_mse_loss(cos: Tensor, targets: Tensor) -> Tensor:
     """Mean squared error between each pair's cosine and its target (labels scaled to [0, 1] by the task)."""
     return torch.nn.functional.mse_loss(cos.float(), targets.float())
+
+
+class TaskLoss(torch.nn.Module):
+    """A task's loss as a module: ``TaskLoss(task)(model, batch) == task.loss(model, batch)``; no weights here."""
+
+    def __init__(self, task) -> None:
+        super().__init__()
+        self.task = task
+
+    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
+        return self.task.loss(model, batch)
+
+    def log(self) -> dict:
+        """What the loss recorded since the last call, for the evaluation's record in ``metrics.jsonl`` (a multi-task
+        loss: each step's per-task losses and weights); called at each evaluation."""
+        return {}
+
+    def step_log(self) -> dict:
+        """The same for each step record in ``metrics.jsonl`` (a multi-task loss: its members' mean losses and
+        weights since the last call)."""
+        return {}
+
+
+class SbertObjective(TaskLoss):
+    """The Sentence-BERT objective of a similarity task with its classifier (trained with the model, not saved with
+    it)."""
+
+    def __init__(self, task, hidden_size: int) -> None:
+        super().__init__(task)
+        self.softmax_loss = SoftmaxLoss(hidden_size, task.config.num_classes)
+
+    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
+        u, v = self.task.pair_vectors(model, batch)
+        return self.softmax_loss(u, v, batch["labels"].long())

@@ -7,9 +7,11 @@ head documents its output type (:mod:`zhie.heads`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -51,3 +53,31 @@ class Model(nn.Module):
                     hidden = sum(out.hidden_states[i].float() for i in layers[name]) / len(layers[name])
                 outputs[name] = head(hidden.float() if half else hidden, attention_mask)
         return outputs
+
+    @torch.no_grad()
+    def arrays(self, input_ids: np.ndarray, attention_mask: np.ndarray, heads: Sequence[str] | None = None
+               ) -> dict[str, object]:
+        """:meth:`forward` on int64 numpy inputs (moved to the model's device), its outputs in fp32 numpy on the host (a
+        dataclass output, GPLinker's :class:`~zhie.heads.RelationLogits`, as ``{field: array}``): what the decoders
+        of :mod:`zhie.decoding` read, as from an export (:class:`zhie.runtime.OnnxModel`). Puts the model in eval mode
+        (no dropout), as prediction always has."""
+        self.eval()
+        device = next(self.parameters()).device
+        outputs = self(input_ids=torch.from_numpy(np.asarray(input_ids, dtype=np.int64)).to(device),
+                       attention_mask=torch.from_numpy(np.asarray(attention_mask, dtype=np.int64)).to(device),
+                       heads=heads)
+        return {name: _to_numpy(value) for name, value in outputs.items()}
+
+    def head_weights(self, name: str) -> dict[str, np.ndarray]:
+        """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) as fp32 numpy arrays."""
+        return {k: v.detach().float().cpu().numpy() for k, v in self.heads[name].state_dict().items()}
+
+    def view(self, names: Sequence[str]) -> Model:
+        """A model sharing this one's encoder and the heads ``names`` (no copy)."""
+        return Model(self.encoder, {name: self.heads[name] for name in names})
+
+
+def _to_numpy(value) -> object:
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().cpu().numpy()
+    return {f.name: _to_numpy(getattr(value, f.name)) for f in dataclasses.fields(value)}

@@ -10,9 +10,8 @@ from __future__ import annotations
 import os
 
 from zhie import tasks
+from zhie.runtime import EXPORT_FILE
 from zhie.tasks.base import Pipeline, read_meta, resolve_model_dir
-
-EXPORT_FILE = "export.json"  # zhie.export.EXPORT_FILE: an export directory (imported lazily: it needs onnxruntime)
 
 __all__ = ["Pipeline", "load"]
 
@@ -22,7 +21,7 @@ def load(path: str | os.PathLike, device: str | None = None, precision: str = "f
     for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU (:mod:`zhie.runtime`).
 
     ``precision``: ``fp32``, or ``bf16`` / ``fp16`` for the encoder under autocast (:mod:`zhie.precision`; on the CPU
-    too, where it saves memory more than time); an export runs in fp32 only."""
+    too, where it saves memory more than time); an export runs in fp32 only, without torch."""
     meta = read_meta(path)
     cls = tasks.get(str(meta.get("task")))
     if (resolve_model_dir(path) / EXPORT_FILE).exists():

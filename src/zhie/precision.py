@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
-import torch
-
 __all__ = ["PRECISIONS", "accelerate_precision", "autocast", "check_precision", "pick_precision"]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # torch's names (torch is imported only for half precision)
 
 
 def check_precision(precision: str) -> str:
@@ -23,16 +21,20 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def autocast(precision: str, device: torch.device) -> AbstractContextManager:
-    """A context that runs the encoder's matrix products on ``device`` in ``precision`` (nothing for fp32); an error
-    that says what to use instead where ``device`` cannot (bf16 on a GPU without it)."""
+def autocast(precision: str, device) -> AbstractContextManager:
+    """A context that runs the encoder's matrix products on ``device`` (a ``torch.device`` or its name) in
+    ``precision`` (nothing for fp32); an error that says what to use instead where ``device`` cannot (bf16 on a GPU
+    without it)."""
     if check_precision(precision) == "fp32":
         return nullcontext()
+    import torch
+
+    device = torch.device(device)
     if not torch.amp.is_autocast_available(device.type):
         raise ValueError(f"--precision {precision} is not available on {device.type}; use --precision fp32")
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError("this GPU has no bf16; use --precision fp16 (or fp32)")
-    return torch.autocast(device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device.type, dtype=getattr(torch, _DTYPES[precision]))
 
 
 def accelerate_precision(precision: str) -> str:
@@ -45,4 +47,6 @@ def pick_precision(precision: str, cpu: bool = False) -> str:
     else ``fp32``."""
     if precision != "auto":
         return check_precision(precision)
+    import torch
+
     return "bf16" if not cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"

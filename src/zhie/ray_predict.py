@@ -1,8 +1,10 @@
 """Batch prediction past one machine with Ray Data: ``zhie predict MODEL --ray --input PATH(S) --output DIR``.
 
 Each input file (text or JSON lines as ``zhie predict --input`` reads them, or Parquet with a string column ``text``;
-a directory stands for the files in it) is read by one Ray task into rows ``{"file", "line", "text"}`` (``line``: the
-1-based line, or the row number in a Parquet file). A pool of ``workers`` actors, each holding one model (one GPU
+a directory stands for the files in it) is cut into pieces of ``rows`` lines (:func:`pieces`: one pass over the file's
+lines on the driver, which keeps only where each piece starts; a Parquet file's pieces are its row groups), and each
+piece is read by one Ray task into rows ``{"file", "line", "text"}`` (``line``: the 1-based line, or the row number in
+a Parquet file). A pool of ``workers`` actors, each holding one model (one GPU
 each when the cluster has GPUs, else ``cpus_per_worker`` CPUs), maps the pipeline over batches of ``rows`` rows. The
 output directory gets sharded JSON lines: ``zhie predict``'s object with ``file`` and ``line`` added, so sorting by
 ``(file, line)`` gives the input order back. A local output directory is written under a temporary name and renamed
@@ -28,7 +30,7 @@ import ray
 from zhie.data import DataError
 from zhie.stream import TextReader
 
-__all__ = ["input_files", "predict_files"]
+__all__ = ["input_files", "pieces", "predict_files", "read_rows"]
 
 SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
 
@@ -46,19 +48,52 @@ def input_files(paths: list[str]) -> list[str]:
     return files
 
 
-def read_file(row: dict, skip_bad_lines: bool = False) -> list[dict]:
-    """The rows ``{"file", "line", "text"}`` of one input file (a bad line raises :class:`DataError`, or is skipped)."""
-    path = row["file"]
+def pieces(path: str, lines: int) -> list[dict]:
+    """The pieces ``{"file", "first", "start", "end"}`` of the input file ``path``: ``lines`` lines each from line
+    ``first`` (1-based), bytes ``start`` to ``end``; a Parquet file's are its row groups (``start``: the group, ``end``:
+    None)."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        texts = pq.read_table(path, columns=["text"]).column("text").to_pylist()
-        for i, text in enumerate(texts, 1):
+        meta, first, out = pq.ParquetFile(path).metadata, 1, []
+        for group in range(meta.num_row_groups):
+            out.append({"file": path, "first": first, "start": group, "end": None})
+            first += meta.row_group(group).num_rows
+        return out
+    out, first, start, end = [], 1, 0, 0
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            end += len(raw)
+            if n % lines == 0:
+                out.append({"file": path, "first": first, "start": start, "end": end})
+                first, start = n + 1, end
+    if end > start:
+        out.append({"file": path, "first": first, "start": start, "end": end})
+    return out
+
+
+def read_piece(piece: dict, skip_bad_lines: bool = False) -> list[dict]:
+    """The rows ``{"file", "line", "text"}`` of one piece of an input file (a bad line raises :class:`DataError`, or is
+    skipped)."""
+    path, first = piece["file"], piece["first"]
+    if piece["end"] is None:
+        import pyarrow.parquet as pq
+
+        texts = pq.ParquetFile(path).read_row_group(piece["start"], columns=["text"]).column("text").to_pylist()
+        for i, text in enumerate(texts, first):
             if not isinstance(text, str):
                 raise DataError(path, i, f"row {i}: 'text' is {text!r}, not a string; fix or drop the row")
-        return [{"file": path, "line": i, "text": text} for i, text in enumerate(texts, 1)]
+        return [{"file": path, "line": i, "text": text} for i, text in enumerate(texts, first)]
     reader = TextReader([], [], skip_bad_lines=skip_bad_lines)
-    return [{"file": path, "line": n, "text": text} for n, text in reader.numbered(path)]
+    return [{"file": path, "line": n, "text": text}
+            for n, text in reader.numbered(path, piece["start"], piece["end"], first)]
+
+
+def read_rows(files: list[str], rows: int, skip_bad_lines: bool = False) -> ray.data.Dataset:
+    """The rows of ``files``, one Ray task (and block) per piece of ``rows`` lines (:func:`pieces`)."""
+    parts = [piece for f in files for piece in pieces(f, rows)]
+    return ray.data.from_items(parts, override_num_blocks=max(len(parts), 1)).flat_map(
+        read_piece, fn_kwargs={"skip_bad_lines": skip_bad_lines}, num_cpus=0.25)
 
 
 def bad_line(err: BaseException) -> DataError | None:
@@ -107,8 +142,7 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
         out = Path(output).resolve()
         target = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent) if local else output
         try:
-            ds = ray.data.from_items([{"file": f} for f in files])
-            ds = ds.flat_map(read_file, fn_kwargs={"skip_bad_lines": skip_bad_lines}, num_cpus=0.25)
+            ds = read_rows(files, rows, skip_bad_lines)
             ds = ds.map_batches(Predictor, fn_constructor_kwargs={"model": model, "precision": precision,
                                                                  "batch_size": batch_size, "max_tokens": max_tokens},
                                 batch_size=rows, batch_format="pandas", concurrency=workers,

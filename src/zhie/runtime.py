@@ -1,14 +1,10 @@
-"""Run an export directory (:mod:`zhie.export`) on onnxruntime: ``zhie.load(EXPORT_DIR).predict(texts)``.
+"""Run an export directory (:mod:`zhie.export`) on onnxruntime, without torch: ``zhie.load(EXPORT_DIR).predict(texts)``.
 
-:class:`OnnxModel` stands where a :class:`zhie.model.Model` stands: ``forward(input_ids, attention_mask)`` returns
-``{head name: output}`` (tensors over the graph's numpy outputs, without a copy; GPLinker's outputs put back into
-:class:`~zhie.heads.RelationLogits`), so the task's own code tokenises, cuts windows and decodes, and predictions
-equal those of the torch model up to the graph's numerical differences.
-
-Where torch is still needed, and why: the task classes (configuration, windows, ``from_hits``) live in modules that
-import torch; decoding is zhie's own decoders, which run torch operations on CPU tensors (``nonzero`` on the span
-logits, the CRF's batched Viterbi with the transitions of ``head.safetensors``, argmax). No torch layer of the network
-runs: the encoder and the heads' logits are the graph's. A torch-free runtime needs these decoders on numpy.
+What runs: the tokenizer from ``tokenizer.json`` (the ``tokenizers`` library, :class:`zhie.text.FastTokenizer`), the
+task's own code (windows, :mod:`zhie.decoding`'s numpy decoders, offsets), and the graph in an onnxruntime session
+(:class:`OnnxModel`, which answers :meth:`zhie.model.Model.arrays` the way the torch model does). The decoders read
+the weights they need (the CRF's transitions) from ``head.safetensors`` as numpy arrays. Imports: numpy, tokenizers,
+safetensors, onnxruntime; never torch or transformers (``pip install "zhie[runtime]"``).
 """
 
 from __future__ import annotations
@@ -17,105 +13,89 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
-import torch
-from safetensors.torch import load_file
-from torch import Tensor, nn
 
 from zhie import tasks
-from zhie.encoders import WeightsMismatchError
-from zhie.export import EXPORT_FILE, INPUTS
-from zhie.heads import RelationLogits
 from zhie.tasks.base import HEAD_FILE, read_meta
 
-OUTPUT_TYPES = {"RelationLogits": RelationLogits}  # the dataclass head outputs a graph may have, by field names
-_BY_FIELDS = {tuple(f for f in cls.__dataclass_fields__): cls for cls in OUTPUT_TYPES.values()}
+GRAPH_FILE = "model.onnx"
+EXPORT_FILE = "export.json"
+INPUTS = ("input_ids", "attention_mask")
 
 
 def is_export(path: str | os.PathLike) -> bool:
     return (Path(path) / EXPORT_FILE).exists()
 
 
-class ExportedEncoder(nn.Module):
-    """The encoder of an export: its configuration only; its layers are inside ``model.onnx``."""
+class OnnxModel:
+    """An exported graph in an onnxruntime session, answering :meth:`arrays` as :class:`zhie.model.Model` does.
 
-    def __init__(self, config) -> None:
-        super().__init__()
-        self.config = config
-
-    def forward(self, *args, **kwargs):
-        raise TypeError("the encoder of an exported model runs inside model.onnx; call the OnnxModel instead")
-
-
-class OnnxModel(nn.Module):
-    """An exported graph in an onnxruntime session, called like :class:`zhie.model.Model`.
-
-    ``heads`` are the model's heads with their weights (decoding reads the CRF's transitions there; their layers do
-    not run, the graph computes their logits). ``threads``: onnxruntime's intra-op threads (None: its default).
+    ``heads``: the head names it answers for (default: all of the graph's; :meth:`view` narrows them, sharing the
+    session). ``threads``: onnxruntime's intra-op threads (None: its default). Runs on the CPU, in fp32.
     """
 
     runtime = "onnxruntime"
 
-    def __init__(self, directory: str | os.PathLike, heads: nn.ModuleDict, encoder_config, threads: int | None = None
-                 ) -> None:
+    def __init__(self, directory: str | os.PathLike, threads: int | None = None) -> None:
         import onnxruntime as ort
+        from safetensors.numpy import load_file
 
-        super().__init__()
         directory = Path(directory)
         self.record = json.loads((directory / EXPORT_FILE).read_text(encoding="utf-8"))
         self.layout: dict[str, list[str] | None] = self.record["outputs"]
-        for name, fields in self.layout.items():
-            if fields is not None and tuple(fields) not in _BY_FIELDS:
-                raise ValueError(f"{directory}/{EXPORT_FILE}: head {name!r} has outputs {fields}, which zhie does not "
-                                 f"know; is it from a newer zhie?")
+        self.heads = list(self.layout)
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
         self.session = ort.InferenceSession(str(directory / self.record["graph"]), options,
                                             providers=["CPUExecutionProvider"])
-        self.heads = heads
-        self.encoder = ExportedEncoder(encoder_config)
+        self.weights = load_file(str(directory / HEAD_FILE))
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        self.encoder_config = SimpleNamespace(**config)  # what GET /info reports (model_type)
+        self.directory = directory
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, heads: Sequence[str] | None = None
-                ) -> dict[str, object]:
-        """``{head name: output}`` for every head (or those of ``heads``), as :meth:`zhie.model.Model.forward`."""
-        feeds = {name: t.detach().cpu().numpy().astype(np.int64)
-                 for name, t in zip(INPUTS, (input_ids, attention_mask))}
+    def to(self, device) -> OnnxModel:
+        if str(device) != "cpu":
+            raise ValueError(f"{self.directory} is an ONNX export; zhie runs exports on the CPU ({device!r} asked)")
+        return self
+
+    def view(self, names: Sequence[str]) -> OnnxModel:
+        """The same graph answering for the heads ``names`` only (no copy)."""
+        out = object.__new__(OnnxModel)
+        out.__dict__.update(self.__dict__, heads=list(names))
+        return out
+
+    def arrays(self, input_ids: np.ndarray, attention_mask: np.ndarray, heads: Sequence[str] | None = None
+               ) -> dict[str, object]:
+        """``{head: output}`` for ``heads`` (default: this model's): fp32 arrays, a dataclass output (GPLinker's) as
+        ``{field: array}``."""
+        feeds = {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, attention_mask))}
         arrays = iter(self.session.run(None, feeds))
-        outputs = {}
-        for name, fields in self.layout.items():
-            if fields is None:
-                outputs[name] = torch.from_numpy(next(arrays))
-            else:
-                outputs[name] = _BY_FIELDS[tuple(fields)](**{f: torch.from_numpy(next(arrays)) for f in fields})
-        return outputs if heads is None else {name: outputs[name] for name in heads}
+        outputs = {name: next(arrays) if fields is None else {f: next(arrays) for f in fields}
+                   for name, fields in self.layout.items()}
+        return {name: outputs[name] for name in (self.heads if heads is None else heads)}
+
+    def head_weights(self, name: str) -> dict[str, np.ndarray]:
+        """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) from ``head.safetensors``."""
+        prefix = f"heads.{name}."
+        return {k[len(prefix):]: v for k, v in self.weights.items() if k.startswith(prefix)}
 
 
 def load_export(path: str | os.PathLike, threads: int | None = None):
-    """``(task, model)`` of an export directory: the task from ``zhie.json`` and the tokenizer files, the model an
-    :class:`OnnxModel` whose heads are loaded strictly from ``head.safetensors``."""
-    from zhie.encoders import own_model_class
+    """``(task, model)`` of an export directory: the task from ``zhie.json`` with the tokenizer of ``tokenizer.json``,
+    the model an :class:`OnnxModel` whose graph has a head for each of the task's."""
+    from zhie.text import FastTokenizer
 
     path = Path(path)
     meta = read_meta(path)
     cls = tasks.get(str(meta.get("task")))
     fields = cls.config_class.__dataclass_fields__
-    config = cls.config_class(**{k: v for k, v in meta.items() if k in fields})
-    from transformers import AutoConfig, AutoTokenizer
-
-    model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    own = own_model_class(model_type)
-    encoder_config = own.config_class.from_pretrained(path) if own else AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path, **({"config": encoder_config} if own else {}))
-    task = cls(config, tokenizer)
-    heads = nn.ModuleDict(task.build_heads(encoder_config.hidden_size))
-    weights = {k.removeprefix("heads."): v for k, v in load_file(str(path / HEAD_FILE)).items()}
-    expected = set(heads.state_dict())
-    missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-    if missing or unexpected:
-        raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
-    heads.load_state_dict(weights)
-    heads.eval()
+    task = cls(cls.config_class(**{k: v for k, v in meta.items() if k in fields}), FastTokenizer.from_dir(path))
     task.load_files(path)
-    return task, OnnxModel(path, heads, encoder_config, threads)
+    model = OnnxModel(path, threads)
+    missing = sorted({m.head_name for m in getattr(task, "members", [task])} - set(model.layout))
+    if missing:
+        raise ValueError(f"{path}/{EXPORT_FILE}: the graph has no output for the heads {missing}; export it again")
+    return task, model

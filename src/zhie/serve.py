@@ -7,32 +7,41 @@ Endpoints (:func:`create_app`):
 * ``POST /embed {"texts": [...]}`` -> per text ``{"text", "embedding"}`` (sentence-embedding models, and multi-task
   models with one sentence-embedding member); ``POST /similarity {"a": [...], "b": [...]}`` -> per pair
   ``{"a", "b", "similarity"}`` (the cosine);
-* ``GET /health`` (never needs the key), ``GET /info`` (task, labels, encoder, zhie version, limits), ``/docs``;
+* ``GET /health`` (live: 200 while the batching workers run, else 503) and ``GET /health/ready`` (ready: 200 while
+  they run and their queues have room, else 503), both with the workers' state and queue depth and never needing the
+  key; ``GET /info`` (task, labels, encoder, zhie version, limits, batching), ``/docs``;
 * ``GET /`` and its two files: the entity-highlighting page (:mod:`zhie.resources`).
 
-Request batching (:class:`Batcher`): the texts of concurrent requests are gathered into one model call of at most
-``max_batch`` texts, waiting at most ``max_wait_ms`` after the first; the model runs in one worker thread, off the
-event loop, one batch at a time. ``max_batch=1`` turns batching off (each request is one call).
+Request batching (:class:`Batcher`, settings :class:`Batching`): the texts of concurrent requests wait in a bounded
+queue; a worker takes the oldest requests, up to ``max_batch`` texts, once that many wait or the oldest has waited
+``max_wait_ms``, and runs them as one model call in one worker thread, off the event loop, one call at a time. Inside
+the call the texts are sorted by length and cut into forward passes of at most ``batch_size`` texts, each at least
+``MIN_FILL`` text rather than padding (:func:`length_groups`). ``max_batch=1`` turns batching off.
 
 Limits: more than ``max_texts`` texts, a text longer than ``max_text_length`` characters, or a body larger than
-``max_body_bytes`` is answered 413 with a message saying which limit; malformed JSON, a wrong type or an unknown key
-422; an empty list 200 with an empty list. A request that makes the model fail is answered 500 alone: the batch it was
-in is run again one request at a time, so the other requests of the batch get their results. With ``api_key`` set,
-every endpoint but ``/health``, the page and the API description (``/``, its files, ``/docs``, ``/openapi.json``:
-static documents with no model output) needs ``Authorization: Bearer KEY``. No request reads or writes a file: the
-page's files are read once, when the app is created.
+``max_body_bytes`` is answered 413 with a message saying which limit (the body's bytes are counted as they arrive,
+chunked bodies too, and reading stops at the limit); malformed JSON, a wrong type or an unknown key 422; an empty list
+200 with an empty list. A full queue is answered 503 with ``Retry-After``; a request not answered within ``timeout``
+seconds 504, and its texts are dropped if the model has not started on them. A request that makes the model fail is
+answered 500 alone: the batch it was in is run again one request at a time, so the other requests of the batch get
+their results. With ``api_key`` set, every endpoint but ``/health``, the page and the API description (``/``, its
+files, ``/docs``, ``/openapi.json``: static documents with no model output) needs ``Authorization: Bearer KEY``. No
+request reads or writes a file: the page's files are read once, when the app is created.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +54,9 @@ from zhie.version import __version__
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript"),
               "/page.css": ("page.css", "text/css")}
+API_KEY_ENV = "ZHIE_API_KEY"
+MIN_FILL = 0.8  # a forward pass of the service is at least this much text, at most this much padding (length_groups)
+RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,26 @@ class Limits:
         return self.max_body_bytes or 8 * self.max_texts * (self.max_text_length + 8) + 4096
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How requests become model calls: at most ``max_batch`` texts per call, gathered for at most ``max_wait_ms``
+    after the oldest request came; forward passes of at most ``batch_size`` texts inside a call (``zhie predict``'s
+    ``--batch-size``); at most ``max_queue`` texts waiting (503 above); ``timeout`` seconds for a request's answer
+    (504 after; None: no limit)."""
+
+    max_batch: int = 64
+    max_wait_ms: float = 5.0
+    batch_size: int = 32
+    max_queue: int = 1024
+    timeout: float | None = 30.0
+
+    def __post_init__(self) -> None:
+        if min(self.max_batch, self.batch_size, self.max_queue) < 1 or self.max_wait_ms < 0:
+            raise ValueError(f"need max_batch, batch_size and max_queue >= 1 and max_wait_ms >= 0, got {self}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"the timeout must be a positive number of seconds, got {self.timeout}")
+
+
 class Texts(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     texts: list[str]
@@ -72,80 +104,167 @@ class Pairs(BaseModel):
     b: list[str]
 
 
-@dataclass
+class QueueFull(Exception):
+    """The batcher's queue has no room for a request's texts (answered 503 with ``Retry-After``)."""
+
+
+class WorkerStopped(Exception):
+    """The batching worker is not running (answered 503): it was never started, was stopped, or failed."""
+
+
+class TimedOut(Exception):
+    """A request was not answered within the batcher's timeout (answered 504)."""
+
+
+@dataclass(eq=False)
 class _Job:
     texts: list[str]
     future: asyncio.Future
+    since: float  # the loop's time when it was queued
+    dequeued: bool = False  # taken by the worker, timed out or cancelled
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
 class Batcher:
     """Runs ``fn(texts) -> one result per text`` on the texts of concurrent :meth:`submit` calls gathered together.
 
-    A worker coroutine (:meth:`run`, started by the app) takes the first waiting request, then adds waiting requests
-    while the batch stays within ``max_batch`` texts and ``max_wait_ms`` has not passed since it took the first (a
-    request with more than ``max_batch`` texts is a batch of its own). The batch runs in ``executor``. If ``fn``
-    raises on a batch of several requests, each request is run again alone, so only the one that fails gets the
-    error. ``calls`` and ``texts`` count the calls of ``fn`` and the texts they were given.
+    A worker coroutine (:meth:`run`, started by the app) waits until ``max_batch`` texts are queued or the oldest
+    request has waited ``max_wait_ms``, then takes the oldest requests while they fit in ``max_batch`` texts (the
+    oldest always: a request with more texts is a call of its own) and runs them in ``executor``. If ``fn`` raises on
+    a call of several requests, each request is run again alone, so only the one that fails gets the error.
+
+    At most ``max_queue`` texts wait (:class:`QueueFull` above); a request not answered within ``timeout`` seconds
+    gets :class:`TimedOut` and leaves the queue (a call already running finishes, its result for it is dropped).
+    ``state`` is ``"not started"``, ``"running"``, ``"stopped"`` or ``"failed: ..."``; ``calls`` and ``texts`` count
+    the calls of ``fn`` and the texts they were given.
     """
 
     def __init__(self, fn: Callable[[list[str]], list], executor: ThreadPoolExecutor, max_batch: int,
-                 max_wait_ms: float) -> None:
-        if max_batch < 1 or max_wait_ms < 0:
-            raise ValueError(f"need max_batch >= 1 and max_wait_ms >= 0, got {max_batch} and {max_wait_ms}")
+                 max_wait_ms: float, max_queue: int | None = None, timeout: float | None = None) -> None:
+        if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
+            raise ValueError(f"need max_batch >= 1, max_wait_ms >= 0 and max_queue >= 1, got {max_batch}, "
+                             f"{max_wait_ms} and {max_queue}")
         self.fn, self.executor = fn, executor
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
-        self.queue: asyncio.Queue[_Job] | None = None
+        self.max_queue, self.timeout = max_queue, timeout
+        self.waiting: deque[_Job] = deque()
+        self.queued = 0  # texts waiting
+        self.running = 0  # texts in the model call under way
+        self.running_since: float | None = None
+        self.state = "not started"
         self.calls = 0
         self.texts = 0
+        self._wake: asyncio.Event | None = None
 
     async def submit(self, texts: list[str]) -> list:
-        """One result per text of ``texts``, in order (raises what ``fn`` raised on them)."""
+        """One result per text of ``texts``, in order (raises what ``fn`` raised on them, :class:`QueueFull`,
+        :class:`WorkerStopped` or :class:`TimedOut`)."""
         if not texts:
             return []
-        if self.queue is None:
-            raise RuntimeError("the batcher is not running (the app's lifespan starts it)")
-        job = _Job(list(texts), asyncio.get_running_loop().create_future())
-        await self.queue.put(job)
-        return await job.future
+        if self.state != "running" or self._wake is None:
+            raise WorkerStopped(f"the batching worker is {self.state}")
+        if self.max_queue is not None and self.queued + len(texts) > self.max_queue:
+            raise QueueFull(f"{self.queued} texts are waiting and the queue holds {self.max_queue}; "
+                            f"retry in {RETRY_AFTER_S} s")
+        loop = asyncio.get_running_loop()
+        job = _Job(list(texts), loop.create_future(), loop.time())
+        if self.timeout is not None:
+            job.timer = loop.call_later(self.timeout, self._expire, job)
+        self.waiting.append(job)
+        self.queued += len(job.texts)
+        self._wake.set()
+        try:
+            return await job.future
+        finally:
+            if job.timer is not None:
+                job.timer.cancel()
+            self._drop(job)  # a request cancelled while waiting leaves the queue
+
+    def _expire(self, job: _Job) -> None:
+        dropped = "its result was dropped" if job.dequeued else "its texts were dropped"
+        _settle(job.future, error=TimedOut(f"no answer within the timeout of {self.timeout:g} s; {dropped}"))
+        self._drop(job)
+
+    def _drop(self, job: _Job) -> None:
+        if not job.dequeued:
+            job.dequeued = True
+            self.waiting.remove(job)
+            self.queued -= len(job.texts)
+
+    def report(self) -> dict:
+        """The worker's state and load, for ``/health``."""
+        loop_time = asyncio.get_running_loop().time()
+        return {"state": self.state, "queued_texts": self.queued, "queued_requests": len(self.waiting),
+                "max_queue": self.max_queue, "running_texts": self.running,
+                "running_s": None if self.running_since is None else round(loop_time - self.running_since, 3)}
+
+    def has_room(self) -> bool:
+        return self.max_queue is None or self.queued < self.max_queue
 
     async def run(self) -> None:
-        """Gather and run batches until cancelled."""
-        self.queue = asyncio.Queue()
+        """Gather and run calls until cancelled; waiting requests get :class:`WorkerStopped` when it ends."""
+        self._wake = asyncio.Event()
+        self.state = "running"
+        try:
+            while True:
+                await self._run(await self._next_call())
+        except asyncio.CancelledError:
+            self.state = "stopped"
+            raise
+        except BaseException as err:
+            self.state = f"failed: {type(err).__name__}: {err}"
+            print(f"zhie serve: the batching worker {self.state}", file=sys.stderr)
+            raise
+        finally:
+            while self.waiting:
+                job = self.waiting[0]
+                self._drop(job)
+                _settle(job.future, error=WorkerStopped(f"the batching worker is {self.state}"))
+
+    async def _next_call(self) -> list[_Job]:
+        """Wait for work, then until ``max_batch`` texts wait or the oldest has waited ``max_wait``; take the oldest
+        requests that fit."""
         loop = asyncio.get_running_loop()
-        carry: _Job | None = None
         while True:
-            first = carry or await self.queue.get()
-            carry = None
-            jobs, n = [first], len(first.texts)
-            deadline = loop.time() + self.max_wait
-            while n < self.max_batch:
-                try:
-                    job = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    left = deadline - loop.time()
-                    if left <= 0:
-                        break
-                    try:
-                        job = await asyncio.wait_for(self.queue.get(), left)
-                    except TimeoutError:
-                        break
-                if n + len(job.texts) > self.max_batch:
-                    carry = job
+            if self.waiting:
+                left = self.waiting[0].since + self.max_wait - loop.time()
+                if self.queued >= self.max_batch or left <= 0:
                     break
-                jobs.append(job)
-                n += len(job.texts)
-            await self._run(jobs)
+            self._wake.clear()
+            timer = loop.call_later(left, self._wake.set) if self.waiting else None
+            await self._wake.wait()
+            if timer is not None:
+                timer.cancel()
+        jobs, n = [], 0
+        while self.waiting and (not jobs or n + len(self.waiting[0].texts) <= self.max_batch):
+            job = self.waiting[0]
+            self._drop(job)
+            jobs.append(job)
+            n += len(job.texts)
+        return jobs
 
     async def _call(self, texts: list[str]) -> list:
         self.calls += 1
         self.texts += len(texts)
-        results = await asyncio.get_running_loop().run_in_executor(self.executor, self.fn, texts)
+        self.running, self.running_since = len(texts), asyncio.get_running_loop().time()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.fn, texts)
+        finally:
+            self.running, self.running_since = 0, None
         if len(results) != len(texts):
             raise RuntimeError(f"the model returned {len(results)} results for {len(texts)} texts")
         return results
 
     async def _run(self, jobs: list[_Job]) -> None:
-        jobs = [j for j in jobs if not j.future.done()]  # a client that went away cancelled its future
+        jobs = [j for j in jobs if not j.future.done()]  # timed out meanwhile
+        try:
+            await self._run_jobs(jobs)
+        except BaseException:  # the worker itself is ending: no request of the call is left waiting
+            for job in jobs:
+                _settle(job.future, error=WorkerStopped("the batching worker stopped during the model call"))
+            raise
+
+    async def _run_jobs(self, jobs: list[_Job]) -> None:
         if not jobs:
             return
         try:
@@ -155,6 +274,8 @@ class Batcher:
                 _settle(jobs[0].future, error=err)
                 return
             for job in jobs:  # find the request that fails; the others get their results
+                if job.future.done():
+                    continue
                 try:
                     _settle(job.future, await self._call(job.texts))
                 except Exception as one:
@@ -173,6 +294,26 @@ def _settle(future: asyncio.Future, result: Any = None, error: BaseException | N
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def length_groups(lengths: Sequence[int], batch_size: int, min_fill: float = MIN_FILL) -> list[list[int]]:
+    """Indices of rows grouped into forward passes, longest first: at most ``batch_size`` rows per group, and a group
+    ends before a row that would leave less than ``min_fill`` of its padded cells (rows x its longest) real.
+
+    ``zhie predict`` sorts thousands of texts by length, so batches of ``batch_size`` of them are nearly all text; a
+    service has only the texts in flight, and ``batch_size`` of them would be padded to the longest (People's Daily
+    sentences: a third text, two thirds padding)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    group: list[int] = []
+    cells = 0
+    for i in order:
+        if group and (len(group) == batch_size or cells + lengths[i] < min_fill * (len(group) + 1) * lengths[group[0]]):
+            groups.append(group)
+            group, cells = [], 0
+        group.append(i)
+        cells += lengths[i]
+    return groups + [group] if group else groups
 
 
 def describe(pipe) -> dict:
@@ -201,50 +342,48 @@ def _page_files() -> dict[str, tuple[bytes, str]]:
     return {route: ((folder / name).read_bytes(), kind) for route, (name, kind) in PAGE_FILES.items()}
 
 
-def create_app(pipe, *, max_batch: int = 32, max_wait_ms: float = 5.0, limits: Limits | None = None,
-               api_key: str | None = None, batch_size: int = 32) -> FastAPI:
-    """The FastAPI app serving ``pipe`` (what :func:`zhie.load` returns). ``batch_size``: windows per model batch
-    inside one call. The batchers run while the app's lifespan does (uvicorn, or ``with TestClient(app)``);
-    ``app.state.batchers`` maps ``"predict"`` and ``"embed"`` to them."""
-    limits = limits or Limits()
-    task = pipe.task
-    info = {**describe(pipe), "limits": asdict(limits) | {"max_body_bytes": limits.body_bytes},
-            "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms}}
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhie-model")
+class BodyLimit:
+    """ASGI middleware: reads a request's body, counting the bytes as they arrive (a ``Content-Length`` over the
+    limit is refused before reading, a chunked body at the first chunk past it), and hands the app the whole body;
+    413 (and the connection closed) for a body over ``limit`` bytes."""
 
-    def predict(texts: list[str]) -> list:
-        return [task.to_json(p) for p in pipe.predict(texts, batch_size=batch_size)]
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
 
-    def embed(texts: list[str]) -> list:
-        return list(pipe.encode(texts, batch_size=batch_size))
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+        if not length.isdigit() or int(length) > self.limit:
+            await self._refuse(scope, receive, send,
+                               f"request body of {length} bytes is over the limit of {self.limit} bytes")
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                await self._refuse(scope, receive, send, f"request body over the limit of {self.limit} bytes "
+                                                         f"(reading stopped at {size} bytes)")
+                return
+        body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-    batchers = {"predict": Batcher(predict, executor, max_batch, max_wait_ms),
-                "embed": Batcher(embed, executor, max_batch, max_wait_ms)}
+        async def replay():
+            return body.pop() if body else await receive()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        workers = [asyncio.create_task(b.run()) for b in batchers.values()]
-        await asyncio.sleep(0)  # let the workers create their queues
-        try:
-            yield
-        finally:
-            for w in workers:
-                w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+        await self.app(scope, replay, send)
 
-    app = FastAPI(title="zhie", version=__version__, lifespan=lifespan,
-                  description=f"A zhie {task.name} model: POST /predict with {{\"texts\": [...]}}.")
-    app.state.batchers = batchers
-    page = _page_files()
+    @staticmethod
+    async def _refuse(scope, receive, send, detail: str) -> None:
+        await JSONResponse({"detail": detail}, status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
-    @app.middleware("http")
-    async def body_limit(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limits.body_bytes):
-            return JSONResponse({"detail": f"request body of {length} bytes is over the limit of "
-                                           f"{limits.body_bytes} bytes"}, status_code=413)
-        return await call_next(request)
 
+def _authoriser(api_key: str | None) -> Callable[[Request], None]:
     def authorise(request: Request) -> None:
         if api_key is None:
             return
@@ -253,17 +392,71 @@ def create_app(pipe, *, max_batch: int = 32, max_wait_ms: float = 5.0, limits: L
             raise HTTPException(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
                                 headers={"WWW-Authenticate": "Bearer"})
 
-    def check(texts: list[str], what: str = "texts") -> None:
-        if len(texts) > limits.max_texts:
-            raise HTTPException(413, f"{len(texts)} {what} in one request; the limit is {limits.max_texts}")
-        for i, text in enumerate(texts):
-            if len(text) > limits.max_text_length:
-                raise HTTPException(413, f"{what}[{i}] has {len(text)} characters; the limit is "
-                                         f"{limits.max_text_length}")
+    return authorise
 
-    async def run(name: str, texts: list[str]) -> list:
+
+class Service:
+    """What the routes do for one pipeline: check the limits, run texts through the batchers, shape the answers.
+    ``batchers`` maps ``"predict"`` and ``"embed"`` to the :class:`Batcher` of each (one model thread for both)."""
+
+    def __init__(self, pipe, batching: Batching, limits: Limits) -> None:
+        if batching.max_queue < limits.max_texts:
+            raise ValueError(f"max_queue ({batching.max_queue} texts) must hold one request of max_texts "
+                             f"({limits.max_texts})")
+        self.pipe, self.task, self.batching, self.limits = pipe, pipe.task, batching, limits
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhie-model")
+        self.batchers = {name: Batcher(fn, executor, batching.max_batch, batching.max_wait_ms, batching.max_queue,
+                                       batching.timeout)
+                         for name, fn in (("predict", self._predict), ("embed", self._embed))}
+
+    def _grouped(self, fn: Callable[..., Sequence], texts: list[str]) -> list:
+        """``fn(texts)`` in forward passes of similar lengths (:func:`length_groups`; characters stand for tokens)."""
+        size = self.batching.batch_size
+        results: list = [None] * len(texts)
+        for group in length_groups([len(t) + 2 for t in texts], size):
+            out = fn([texts[i] for i in group], batch_size=size)
+            if len(out) != len(group):
+                raise RuntimeError(f"the model returned {len(out)} results for {len(group)} texts")
+            for i, result in zip(group, out):
+                results[i] = result
+        return results
+
+    def _predict(self, texts: list[str]) -> list:  # in the model thread
+        return [self.task.to_json(p) for p in self._grouped(self.pipe.predict, texts)]
+
+    def _embed(self, texts: list[str]) -> list:  # in the model thread
+        return self._grouped(self.pipe.encode, texts)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        workers = [asyncio.create_task(b.run()) for b in self.batchers.values()]
+        await asyncio.sleep(0)  # let the workers start
         try:
-            return await batchers[name].submit(texts)
+            yield
+        finally:
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    def check(self, texts: list[str], what: str = "texts") -> None:
+        if len(texts) > self.limits.max_texts:
+            raise HTTPException(413, f"{len(texts)} {what} in one request; the limit is {self.limits.max_texts}")
+        for i, text in enumerate(texts):
+            if len(text) > self.limits.max_text_length:
+                raise HTTPException(413, f"{what}[{i}] has {len(text)} characters; the limit is "
+                                         f"{self.limits.max_text_length}")
+
+    async def run(self, name: str, texts: list[str]) -> list:
+        """The batcher's results for ``texts``, its errors as HTTP answers."""
+        try:
+            return await self.batchers[name].submit(texts)
+        except QueueFull as err:
+            raise HTTPException(503, f"the server is busy: {err}",
+                                headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        except WorkerStopped as err:
+            raise HTTPException(503, f"the server cannot run the model: {err}") from None
+        except TimedOut as err:
+            raise HTTPException(504, f"the request was not answered in time: {err}") from None
         except ValueError as err:  # the model refuses these texts
             raise HTTPException(400, str(err)) from None
         except Exception as err:
@@ -271,63 +464,113 @@ def create_app(pipe, *, max_batch: int = 32, max_wait_ms: float = 5.0, limits: L
             raise HTTPException(500, f"the model failed on this request ({type(err).__name__}); "
                                      "other requests are not affected") from None
 
-    def needs_embeddings() -> None:
-        if not hasattr(pipe, "encode"):
-            raise HTTPException(404, f"this {task.name} model has no sentence embeddings; /embed and /similarity "
+    def needs_embeddings(self) -> None:
+        if not hasattr(self.pipe, "encode"):
+            raise HTTPException(404, f"this {self.task.name} model has no sentence embeddings; /embed and /similarity "
                                      "need a similarity model (or a multi-task model with a similarity member)")
 
-    auth = [Depends(authorise)]
+    async def predict(self, body: Texts) -> JSONResponse:
+        self.check(body.texts)
+        results = await self.run("predict", body.texts)
+        return JSONResponse([{"text": t, self.task.output_key: r} for t, r in zip(body.texts, results)])
+
+    async def embed(self, body: Texts) -> JSONResponse:
+        self.needs_embeddings()
+        self.check(body.texts)
+        vectors = await self.run("embed", body.texts)
+        return JSONResponse([{"text": t, "embedding": [round(x, 6) for x in np.asarray(v, dtype=float).tolist()]}
+                             for t, v in zip(body.texts, vectors)])
+
+    async def similarity(self, body: Pairs) -> JSONResponse:
+        self.needs_embeddings()
+        if len(body.a) != len(body.b):
+            raise HTTPException(422, f"a has {len(body.a)} texts and b {len(body.b)}; they are pairs")
+        self.check(body.a, "a")
+        self.check(body.b, "b")
+        vectors = await self.run("embed", body.a + body.b)
+        n = len(body.a)
+        return JSONResponse([{"a": a, "b": b, "similarity": round(float(np.dot(u, v)), 6)}
+                             for a, b, u, v in zip(body.a, body.b, vectors[:n], vectors[n:])])
+
+    def health(self) -> tuple[dict, bool, bool]:
+        """``/health``'s answer, whether every worker runs (live), and whether each also has room (ready)."""
+        workers = {name: b.report() for name, b in self.batchers.items()}
+        live = all(b.state == "running" for b in self.batchers.values())
+        ready = live and all(b.has_room() for b in self.batchers.values())
+        status = "ok" if ready else "busy" if live else "unavailable"
+        return {"status": status, "live": live, "ready": ready, "workers": workers}, live, ready
+
+
+def _add_api_routes(app: FastAPI, service: Service, info: dict, api_key: str | None) -> None:
+    auth = [Depends(_authoriser(api_key))]
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        body, live, _ = service.health()
+        return JSONResponse(body, status_code=200 if live else 503)
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        body, _, is_ready = service.health()
+        return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/info", dependencies=auth)
     async def get_info() -> dict:
         return info
 
-    @app.post("/predict", dependencies=auth)
-    async def post_predict(body: Texts) -> list[dict]:
-        check(body.texts)
-        results = await run("predict", body.texts)
-        return JSONResponse([{"text": t, task.output_key: r} for t, r in zip(body.texts, results)])
+    app.post("/predict", dependencies=auth, response_model=list[dict])(service.predict)
+    app.post("/embed", dependencies=auth, response_model=list[dict])(service.embed)
+    app.post("/similarity", dependencies=auth, response_model=list[dict])(service.similarity)
 
-    @app.post("/embed", dependencies=auth)
-    async def post_embed(body: Texts) -> list[dict]:
-        needs_embeddings()
-        check(body.texts)
-        vectors = await run("embed", body.texts)
-        return JSONResponse([{"text": t, "embedding": [round(float(x), 6) for x in v]}
-                             for t, v in zip(body.texts, vectors)])
 
-    @app.post("/similarity", dependencies=auth)
-    async def post_similarity(body: Pairs) -> list[dict]:
-        needs_embeddings()
-        if len(body.a) != len(body.b):
-            raise HTTPException(422, f"a has {len(body.a)} texts and b {len(body.b)}; they are pairs")
-        check(body.a, "a")
-        check(body.b, "b")
-        vectors = await run("embed", body.a + body.b)
-        n = len(body.a)
-        return JSONResponse([{"a": a, "b": b, "similarity": round(float(np.dot(u, v)), 6)}
-                             for a, b, u, v in zip(body.a, body.b, vectors[:n], vectors[n:])])
-
-    def page_route(route: str) -> None:
-        content, kind = page[route]
-
+def _add_page_routes(app: FastAPI) -> None:
+    def add(route: str, content: bytes, kind: str) -> None:
         async def serve_file() -> Response:
             return (HTMLResponse if route == "/" else Response)(content, media_type=kind, headers=PAGE_HEADERS)
 
         app.get(route, include_in_schema=False)(serve_file)
 
-    for route in PAGE_FILES:
-        page_route(route)
+    for route, (content, kind) in _page_files().items():
+        add(route, content, kind)
+
+
+def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None = None,
+               api_key: str | None = None) -> FastAPI:
+    """The FastAPI app serving ``pipe`` (what :func:`zhie.load` returns). The batchers run while the app's lifespan
+    does (uvicorn, or ``with TestClient(app)``); ``app.state.batchers`` maps ``"predict"`` and ``"embed"`` to them."""
+    batching, limits = batching or Batching(), limits or Limits()
+    service = Service(pipe, batching, limits)
+    info = {**describe(pipe), "limits": asdict(limits) | {"max_body_bytes": limits.body_bytes},
+            "batching": asdict(batching)}
+    app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
+                  description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
+    app.state.batchers = service.batchers
+    app.add_middleware(BodyLimit, limit=limits.body_bytes)
+    _add_api_routes(app, service, info, api_key)
+    _add_page_routes(app)
     return app
 
 
-def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, max_batch: int = 32,
-          max_wait_ms: float = 5.0, limits: Limits | None = None, api_key: str | None = None,
-          device: str | None = None, precision: str = "fp32") -> None:
+def read_api_key(key: str | None = None, path: str | os.PathLike | None = None,
+                 environ: dict[str, str] | None = None) -> str | None:
+    """The API key: ``key`` (``--api-key``, visible to anyone who can list processes), else the first line of the
+    file ``path`` (``--api-key-file``), else the environment variable ``ZHIE_API_KEY``; None when none is set."""
+    environ = os.environ if environ is None else environ
+    if key is not None and path is not None:
+        raise ValueError("give the API key once: --api-key or --api-key-file, not both")
+    where = "--api-key"
+    if path is not None:
+        key, where = Path(path).read_text(encoding="utf-8").split("\n", 1)[0].strip(), f"the file {path}"
+    elif key is None and environ.get(API_KEY_ENV) is not None:
+        key, where = environ[API_KEY_ENV].strip(), f"${API_KEY_ENV}"
+    if key is not None and not key:
+        raise ValueError(f"the API key from {where} is empty")
+    return key
+
+
+def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, batching: Batching | None = None,
+          limits: Limits | None = None, api_key: str | None = None, device: str | None = None,
+          precision: str = "fp32") -> None:
     """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
     until interrupted."""
     import uvicorn
@@ -336,7 +579,8 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, max_batc
 
     pipe = zhie.load(model_dir, device=device, precision=precision)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        print(f"zhie serve: listening on {host} without --api-key: anyone who can reach it can use the model",
+        print(f"zhie serve: listening on {host} without an API key: anyone who can reach it can use the model",
               file=sys.stderr)
-    app = create_app(pipe, max_batch=max_batch, max_wait_ms=max_wait_ms, limits=limits, api_key=api_key)
+    app = create_app(pipe, batching=batching, limits=limits, api_key=api_key)
     uvicorn.run(app, host=host, port=port, log_level="info")
+

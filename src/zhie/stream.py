@@ -11,6 +11,7 @@ leaves no half-written file.
 from __future__ import annotations
 
 import argparse
+import io
 import itertools
 import shutil
 import sys
@@ -90,11 +91,16 @@ class TextReader:
     def _file_texts(self, path: str) -> Iterator[str]:
         return (text for _, text in self.numbered(path))
 
-    def numbered(self, path: str) -> Iterator[tuple[int, str]]:
-        """``(line number, text)`` of each text of the file ``path`` (``-``: stdin)."""
+    def numbered(self, path: str, start: int = 0, end: int | None = None, first: int = 1
+                 ) -> Iterator[tuple[int, str]]:
+        """``(line number, text)`` of each text of the file ``path`` (``-``: stdin), or of its bytes ``start`` to
+        ``end`` (whole lines), the first of which is line ``first``."""
         name = "<stdin>" if path == STDIN else path
         with (open(sys.stdin.fileno(), "rb", closefd=False) if path == STDIN else open(path, "rb")) as f:
-            for lineno, raw in enumerate(f, 1):
+            if end is not None:
+                f.seek(start)
+            lines = f if end is None else io.BytesIO(f.read(end - start))
+            for lineno, raw in enumerate(lines, first):
                 try:
                     text = text_of_line(name, lineno, decode_line(name, lineno, raw))
                 except DataError as err:

@@ -24,7 +24,10 @@ Both modes guarantee: ``0 <= start <= end <= len(text)``, starts and ends never 
 from __future__ import annotations
 
 import bisect
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -136,6 +139,64 @@ class TextTokenizer:
     def model_input(self, ids: list[int]) -> list[int]:
         """Content token ids -> model input ids with the special tokens (``[CLS] ids [SEP]``)."""
         return [self.cls_id, *ids, self.sep_id]
+
+
+class FastTokenizer:
+    """A model directory's ``tokenizer.json`` in the ``tokenizers`` library, with the part of a transformers fast
+    tokenizer's interface that zhie reads (special token ids, vocabulary, normaliser, ``__call__`` with offsets and
+    truncation), so that exports tokenise without transformers. The special tokens come from
+    ``tokenizer_config.json`` / ``special_tokens_map.json``, as transformers reads them."""
+
+    is_fast = True
+    SPECIAL = ("cls", "sep", "pad", "unk", "bos", "eos")
+
+    def __init__(self, backend, special_tokens: dict[str, str]) -> None:
+        self.backend_tokenizer = backend
+        backend.no_truncation()
+        backend.no_padding()
+        for name in self.SPECIAL:
+            token = special_tokens.get(f"{name}_token")
+            setattr(self, f"{name}_token_id", None if token is None else backend.token_to_id(token))
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike) -> FastTokenizer:
+        from tokenizers import Tokenizer
+
+        directory = Path(directory)
+        if not (directory / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{directory}: no tokenizer.json (a fast tokenizer's file); export the model again")
+        special: dict[str, str] = {}
+        for name in ("special_tokens_map.json", "tokenizer_config.json"):
+            file = directory / name
+            if file.exists():
+                for key, value in json.loads(file.read_text(encoding="utf-8")).items():
+                    if key.endswith("_token") and value is not None:
+                        special[key] = value["content"] if isinstance(value, dict) else value
+        return cls(Tokenizer.from_file(str(directory / "tokenizer.json")), special)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend_tokenizer.get_vocab(with_added_tokens=True)
+
+    def __len__(self) -> int:
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True, return_offsets_mapping: bool = False,
+                 truncation: bool = False, max_length: int | None = None) -> dict:
+        """``{"input_ids", "offset_mapping"?}`` of one text, or of each of a list of texts (lists of rows)."""
+        rows = [self._encode(t, add_special_tokens, max_length if truncation else None)
+                for t in ([text] if isinstance(text, str) else text)]
+        out = {"input_ids": [r.ids for r in rows]}
+        if return_offsets_mapping:
+            out["offset_mapping"] = [r.offsets for r in rows]
+        return {k: v[0] for k, v in out.items()} if isinstance(text, str) else out
+
+    def _encode(self, text: str, add_special_tokens: bool, max_length: int | None):
+        backend = self.backend_tokenizer
+        encoding = backend.encode(text, add_special_tokens=False)
+        if max_length is not None:  # as transformers: the special tokens count towards max_length
+            encoding.truncate(max(0, max_length - (backend.num_special_tokens_to_add(False) if add_special_tokens
+                                                   else 0)))
+        return backend.post_process(encoding, None, add_special_tokens) if add_special_tokens else encoding
 
 
 def _first_id(tokenizer, *attrs: str) -> int:

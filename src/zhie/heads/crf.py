@@ -15,9 +15,8 @@ the only python loops are over time steps, with a few small ops per step and no 
   pass (the backward recursion and the marginals) instead of autograd through every step. It is exact in fp32 when
   the transitions and end scores each span at most ``_SCALED_RANGE`` nats (any trained CRF); beyond that (e.g.
   ``-inf`` entries) the plain log-space recursion runs instead, so the result never underflows.
-* Viterbi (decoding): on the host after one copy of the emissions, tag-major (the batch is the contiguous axis), keeping
-  only the running scores; the backtrace recomputes each step's argmax for the one tag on the path (``[L, b]`` per
-  step instead of storing ``[n, b, L]`` pointers).
+* Viterbi (decoding): :func:`zhie.decoding.viterbi`, in numpy on the host (the one implementation, shared with
+  exported models); :meth:`CRF.viterbi` hands it this CRF's scores.
 
 Larger learning rate for the transitions (spec §8.1): the module carries its multiplier (``lr_multiplier``) and
 says which of its parameters it applies to (:meth:`CRF.lr_multipliers`); :func:`zhie.training.build_param_groups`
@@ -29,17 +28,13 @@ unlike the re-parametrisation it leaves the gradient norm (and so clipping) unch
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zhie.spans import parse_tag
+from zhie import decoding
 
 __all__ = ["CRF", "bio_allowed_transitions", "bmes_allowed_transitions"]
 
-# Score given to forbidden transitions / start / end tags at decoding. Viterbi runs in fp32, where this is
-# exact enough: any allowed path beats any forbidden one as long as real path scores are << 1e12.
-_FORBIDDEN = -1e12
 # The scaled forward algorithm keeps probabilities in fp32; with the transitions (per column) and the end scores each
 # spanning at most this many nats, no step's normaliser can underflow (e^-60 / L >> 1e-38). Wider: log space.
 _SCALED_RANGE = 60.0
@@ -174,32 +169,32 @@ class CRF(nn.Module):
     def viterbi(self, emissions: Tensor, mask: Tensor | None = None, allowed: Tensor | None = None,
                 allowed_start: Tensor | None = None, allowed_end: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """Batched Viterbi -> ``(tags [b, n] long with -1 on padded steps, best scores [b])`` on the emissions' device.
+        """Batched Viterbi (:func:`zhie.decoding.viterbi`) -> ``(tags [b, n] long with -1 on padded steps, best scores
+        [b])`` on the emissions' device.
 
         ``allowed [L, L]`` (bool, ``allowed[i, j]`` = tag ``j`` may follow tag ``i``), ``allowed_start [L]``
         and ``allowed_end [L]`` restrict the paths (e.g. from :func:`bio_allowed_transitions`); forbidden
         moves get a score of ``-1e12``. If no allowed path exists the result is the least-violating path.
-        Runs on the host (one copy of the emissions there, one copy of the result back): decoding is a chain of
-        ``n`` small steps, which a GPU would run as ``n`` rounds of kernel launches.
         """
         mask = self._check(emissions, mask)
+        L = self.num_tags
+        given = (allowed, allowed_start, allowed_end)
+        constraints = None if all(c is None for c in given) else tuple(
+            self._bool(c, shape, name) for c, shape, name in zip(given, ((L, L), (L,), (L,)),
+                                                                 ("allowed", "allowed_start", "allowed_end")))
         with torch.no_grad():
-            trans = self.transitions.detach().float().cpu()
-            start, end = (t.detach().cpu() for t in self._start_end(trans))
-            L = self.num_tags
-            if allowed is not None:
-                trans = trans.masked_fill(~self._bool(allowed, (L, L), "allowed"), _FORBIDDEN)
-            if allowed_start is not None:
-                start = start.masked_fill(~self._bool(allowed_start, (L,), "allowed_start"), _FORBIDDEN)
-            if allowed_end is not None:
-                end = end.masked_fill(~self._bool(allowed_end, (L,), "allowed_end"), _FORBIDDEN)
-            tags, best = _viterbi(emissions.detach().float().cpu(), mask.cpu(), trans, start, end)
-        return tags.to(emissions.device), best.to(emissions.device)
+            start, end = (t.detach().cpu().numpy() for t in self._start_end(self.transitions.float()))
+            scores = decoding.constrained(self.transitions.detach().float().cpu().numpy(), start, end, constraints)
+            tags, best = decoding.viterbi(emissions.detach().float().cpu().numpy(), mask.sum(1).cpu().numpy(), *scores)
+        return torch.from_numpy(tags).to(emissions.device), torch.from_numpy(best).to(emissions.device)
 
-    def _bool(self, t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
+    def _bool(self, t: Tensor | None, shape: tuple[int, ...], name: str):
+        """A constraint as a numpy bool array (all allowed when ``t`` is None)."""
+        if t is None:
+            return torch.ones(shape, dtype=torch.bool).numpy()
         if tuple(t.shape) != shape:
             raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
-        return t.to(device="cpu", dtype=torch.bool)
+        return t.to(device="cpu", dtype=torch.bool).numpy()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -271,79 +266,14 @@ class _ScaledLogPartition(torch.autograd.Function):
         return mu.transpose(0, 1), None, d_trans, mu[0].sum(0), mu[last, rows].sum(0)
 
 
-def _viterbi(em: Tensor, mask: Tensor, trans: Tensor, start: Tensor, end: Tensor) -> tuple[Tensor, Tensor]:
-    """Viterbi on host tensors ``em [b, n, L]``, right-padded ``mask [b, n]`` -> ``(tags [b, n], best [b])``.
-
-    Forward: ``delta_0 = start + e_0``, ``delta_t(j) = max_i(delta_{t-1}(i) + T[i, j]) + e_t(j)``, kept for every
-    step and each row read at its own last real step. Tag-major layout (``delta [n, L, b]``): the batch is the
-    contiguous axis, so each step is one ``[L, L, b]`` add and a max over its outer axis, vectorised over the batch.
-    Backtrace from ``argmax_j(delta_last(j) + end(j))``: the tag before ``j`` at step ``t`` is
-    ``argmax_i(delta_{t-1}(i) + T[i, j])``, the same fp32 sums as the max.
-    """
-    b, n, L = em.shape
-    em = em.permute(1, 2, 0).contiguous()  # [n, L, b]
-    delta = torch.empty_like(em)
-    scores = em.new_empty(L, L, b)  # [i, j, b]: delta_{t-1}(i) + T[i, j]
-    trans_ijb = trans.unsqueeze(2)  # [i, j, 1]
-    torch.add(em[0], start[:, None], out=delta[0])
-    delta_, em_ = delta.unbind(0), em.unbind(0)
-    for t in range(1, n):
-        torch.add(delta_[t - 1].unsqueeze(1), trans_ijb, out=scores)
-        torch.add(scores.amax(0), em_[t], out=delta_[t])
-    lengths = mask.sum(1)
-    best, tag = (delta[lengths - 1, :, torch.arange(b)] + end).max(-1)
-
-    delta_np, trans_np, real = delta.numpy(), trans.numpy(), (lengths[None, :] > torch.arange(n)[:, None]).numpy()
-    tags = np.full((n, b), -1, dtype=np.int64)
-    tag = tag.numpy()
-    for t in range(n - 1, 0, -1):
-        tags[t] = np.where(real[t], tag, -1)
-        tag = np.where(real[t], (delta_np[t - 1] + trans_np[:, tag]).argmax(0), tag)
-    tags[0] = tag
-    return torch.from_numpy(tags).t(), best
-
-
 # ----------------------------------------------------------------------------------------------------
 # transition constraints
 # ----------------------------------------------------------------------------------------------------
 def bio_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
-    """Constraints of the BIO scheme for ``labels`` (tag id -> name, e.g. ``["O", "B-PER", "I-PER"]``).
-
-    Returns bool ``(allowed [L, L], allowed_start [L], allowed_end [L])``: ``I-X`` may only follow ``B-X``
-    or ``I-X`` (so ``O -> I-X`` and ``B-X/I-X -> I-Y``, ``Y != X``, are forbidden) and a sequence may not
-    start with ``I-X``; every tag may end a sequence.
-    """
-    parsed = [parse_tag(label, "BIO") for label in labels]
-    L = len(labels)
-    allowed = torch.ones(L, L, dtype=torch.bool)
-    for j, (pj, tj) in enumerate(parsed):
-        if pj == "I":
-            for i, (pi, ti) in enumerate(parsed):
-                allowed[i, j] = pi in ("B", "I") and ti == tj
-    start = torch.tensor([p != "I" for p, _ in parsed], dtype=torch.bool)
-    end = torch.ones(L, dtype=torch.bool)
-    return allowed, start, end
+    """:func:`zhie.decoding.bio_allowed_transitions` as bool tensors."""
+    return tuple(torch.from_numpy(a) for a in decoding.bio_allowed_transitions(labels))
 
 
 def bmes_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
-    """Constraints of the BMES scheme (word segmentation ``["S", "B", "M", "E"]``, or typed ``"B-X"`` with
-    ``"O"``; ``"I"`` is read as ``"M"`` so BIOES works too).
-
-    Inside a word (after ``B-X`` or ``M-X``) only ``M-X`` / ``E-X`` may follow; after ``S``, ``E`` or ``O``
-    only ``B``, ``S`` or ``O``. So ``S->M, S->E, B->S, B->B, M->S, M->B, E->M, E->E`` are forbidden, a
-    sequence may not start with ``M``/``E`` nor end with ``B``/``M``.
-    Returns bool ``(allowed [L, L], allowed_start [L], allowed_end [L])``.
-    """
-    scheme = "BMES" if all(len(label) == 1 and label != "O" for label in labels) else "BIOES"
-    parsed = [(("M" if p == "I" else p), t) for p, t in (parse_tag(label, scheme) for label in labels)]
-    L = len(labels)
-    allowed = torch.zeros(L, L, dtype=torch.bool)
-    for i, (pi, ti) in enumerate(parsed):
-        for j, (pj, tj) in enumerate(parsed):
-            if pi in ("B", "M"):
-                allowed[i, j] = pj in ("M", "E") and tj == ti
-            else:
-                allowed[i, j] = pj in ("B", "S", "O")
-    start = torch.tensor([p in ("B", "S", "O") for p, _ in parsed], dtype=torch.bool)
-    end = torch.tensor([p in ("S", "E", "O") for p, _ in parsed], dtype=torch.bool)
-    return allowed, start, end
+    """:func:`zhie.decoding.bmes_allowed_transitions` as bool tensors."""
+    return tuple(torch.from_numpy(a) for a in decoding.bmes_allowed_transitions(labels))

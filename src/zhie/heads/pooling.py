@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-__all__ = ["POOLINGS", "Pooling"]
+from zhie.decoding import POOLINGS
 
-POOLINGS = ("cls", "mean", "first-last-avg")
+__all__ = ["POOLINGS", "Pooling"]
 
 
 class Pooling(nn.Module):

@@ -3,22 +3,21 @@ the CRF-free baseline, spec §8.2) or by constrained Viterbi (:class:`CrfTagger`
 
 Both return the same output type from ``forward``: emissions ``[b, n, num_tags]``. Their ``loss(emissions, tags)``
 takes tag ids with ``-100`` on positions that carry no tag (special tokens, padding; right padding only for the
-CRF) and returns the mean loss in fp32; ``decode(emissions, mask)`` returns the best tag ids ``[b, n]`` with ``-1``
-on masked positions.
+CRF) and returns the mean loss in fp32. Decoding is :mod:`zhie.decoding`'s (argmax; :func:`~zhie.decoding.viterbi`
+with the constraints of the scheme), on the emissions as numpy arrays.
 """
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zhie.heads.crf import CRF, bio_allowed_transitions, bmes_allowed_transitions
+from zhie.decoding import CONSTRAINTS
+from zhie.heads.crf import CRF
 
 __all__ = ["CrfTagger", "SoftmaxTagger"]
 
 IGNORE = -100
-CONSTRAINTS = {"BIO": bio_allowed_transitions, "BMES": bmes_allowed_transitions}
 
 
 class SoftmaxTagger(nn.Module):
@@ -38,11 +37,6 @@ class SoftmaxTagger(nn.Module):
         """Mean cross-entropy over the positions whose tag is not ``-100``."""
         return F.cross_entropy(emissions.float().transpose(1, 2), tags, ignore_index=IGNORE)
 
-    @torch.no_grad()
-    def decode(self, emissions: Tensor, mask: Tensor) -> Tensor:
-        """The argmax tag of each position, ``-1`` where ``mask`` is 0."""
-        return emissions.argmax(-1).masked_fill(~mask.bool(), -1)
-
 
 class CrfTagger(SoftmaxTagger):
     """Emissions as :class:`SoftmaxTagger`, plus a :class:`CRF` over ``tags`` (names, e.g. ``["O", "B-PER",
@@ -55,19 +49,8 @@ class CrfTagger(SoftmaxTagger):
         if scheme not in CONSTRAINTS:
             raise ValueError(f"unknown tagging scheme {scheme!r} for the CRF; use {' or '.join(CONSTRAINTS)}")
         self.crf = CRF(len(tags), lr_multiplier=lr_multiplier)
-        allowed, start, end = CONSTRAINTS[scheme](tags)
-        self.register_buffer("allowed", allowed, persistent=False)
-        self.register_buffer("allowed_start", start, persistent=False)
-        self.register_buffer("allowed_end", end, persistent=False)
 
     def loss(self, emissions: Tensor, tags: Tensor) -> Tensor:
         """Mean negative log-likelihood of the tag paths; positions tagged ``-100`` must be at the right end."""
         mask = tags != IGNORE
         return -self.crf.log_likelihood(emissions, tags.clamp(min=0), mask).mean()
-
-    @torch.no_grad()
-    def decode(self, emissions: Tensor, mask: Tensor) -> Tensor:
-        """Constrained batched Viterbi; ``-1`` where ``mask`` is 0."""
-        paths, _ = self.crf.viterbi(emissions, mask, allowed=self.allowed, allowed_start=self.allowed_start,
-                                    allowed_end=self.allowed_end)
-        return paths

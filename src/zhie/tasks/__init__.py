@@ -3,6 +3,9 @@ under the ``zhie.tasks`` entry-point group), registered with :func:`register`.
 
 The CLI (``zhie train TASK``, ``eval``, ``predict``), :func:`zhie.fit` and :func:`zhie.load` find tasks here by
 name; no other file names a task. See :class:`zhie.tasks.base.Task` for what a task declares.
+
+Lazily: :func:`get` imports only the module of the task asked for (:data:`MODULES`, else every module and entry
+point), so that loading a model imports one task's code; :func:`all_tasks` imports them all.
 """
 
 from __future__ import annotations
@@ -10,6 +13,16 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from importlib.metadata import entry_points
+
+# the modules of zhie's own tasks by task name and alias; a task module not named here is found by the full discovery
+MODULES = {"ner": "ner", "cws": "cws", "re": "relation", "similarity": "similarity", "sts": "similarity",
+           "multitask": "multitask", "xner-evaluator": "xner"}
+
+# the commands of zhie's own tasks (``Task.add_commands``): command -> (its task, its line in `zhie --help`)
+COMMANDS = {"segment": ("cws", "segment text into words with a trained cws model"),
+            "embed": ("similarity", "sentence vectors from a trained sentence-embedding model"),
+            "distill": ("xner-evaluator", "cross-lingual NER: train an MTMT student on unlabelled target text from a "
+                                          "recogniser and an evaluator (spec 10.3)")}
 
 _REGISTRY: dict[str, type] = {}
 _ALIASES: dict[str, str] = {}
@@ -41,7 +54,10 @@ def _discover() -> None:
 
 def get(name: str) -> type:
     """The task class registered as ``name`` (or one of its aliases)."""
-    _discover()
+    if name not in _ALIASES and name in MODULES:
+        importlib.import_module(f"{__name__}.{MODULES[name]}")
+    if name not in _ALIASES:
+        _discover()
     if name not in _ALIASES:
         raise ValueError(f"unknown task {name!r}; zhie knows {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[_ALIASES[name]]

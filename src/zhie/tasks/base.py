@@ -2,6 +2,10 @@
 
 A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:`zhie.tasks` finds it, and the CLI,
 :func:`zhie.fit` and :func:`zhie.load` use it through that registry.
+
+This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
+by :mod:`zhie.decoding`) so that an export predicts without torch (:mod:`zhie.runtime`); what trains (heads, losses,
+tensors) is imported where it is used.
 """
 
 from __future__ import annotations
@@ -14,19 +18,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
-from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
+import numpy as np
 
 from zhie import card
-from zhie.encoders import WeightsMismatchError, quiet_transformers
 from zhie.files import replace_dir
-from zhie.model import Model
 from zhie.precision import autocast
 from zhie.text import Encoding, TextTokenizer, reporting_window, windows
 from zhie.version import __version__
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
+    from zhie.model import Model
 
 META_FILE = "zhie.json"
 HEAD_FILE = "head.safetensors"
@@ -45,6 +51,10 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
     ``training.json`` (``record``: how a training run made the model, :mod:`zhie.training.record`) when given, and
     the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.card`).
     """
+    from safetensors.torch import save_file
+
+    from zhie.encoders import quiet_transformers
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -85,22 +95,38 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- tensors
-def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
-    """Right-pad integer rows into a ``[len(rows), length]`` long tensor."""
+def pad_array(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> np.ndarray:
+    """Right-pad integer rows into a ``[len(rows), length]`` int64 array."""
     length = max((len(r) for r in rows), default=0) if length is None else length
-    out = torch.full((len(rows), length), value, dtype=torch.long)
+    out = np.full((len(rows), length), value, dtype=np.int64)
     for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(row, dtype=torch.long)
+        out[i, : len(row)] = row
     return out
 
 
+def input_arrays(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, np.ndarray]:
+    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask`` (int64 arrays)."""
+    return {"input_ids": pad_array(rows, pad_id), "attention_mask": pad_array([[1] * len(r) for r in rows], 0)}
+
+
+def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
+    """Right-pad integer rows into a ``[len(rows), length]`` long tensor."""
+    import torch
+
+    return torch.from_numpy(pad_array(rows, value, length))
+
+
 def model_inputs(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, Tensor]:
-    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask``."""
-    return {"input_ids": pad(rows, pad_id), "attention_mask": pad([[1] * len(r) for r in rows], 0)}
+    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask`` (tensors)."""
+    import torch
+
+    return {k: torch.from_numpy(v) for k, v in input_arrays(rows, pad_id).items()}
 
 
 def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> Tensor:
     """Per-row ``(head, i, j)`` content positions -> ``[b, heads, P]`` cells ``(i+1) * n + (j+1)``, 0-padded."""
+    import torch
+
     per_head = [[set() for _ in range(heads)] for _ in rows]
     for b, cells in enumerate(rows):
         for k, i, j in cells:
@@ -134,7 +160,9 @@ def sorted_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | No
 
 
 def device_of(model: nn.Module) -> torch.device:
-    """Where ``model``'s parameters are (the CPU for a model without any, e.g. an export with a pooling head)."""
+    """Where ``model``'s parameters are (the CPU for a model without any)."""
+    import torch
+
     param = next(model.parameters(), None)
     return param.device if param is not None else torch.device("cpu")
 
@@ -142,6 +170,8 @@ def device_of(model: nn.Module) -> torch.device:
 @contextlib.contextmanager
 def seeded(seed: int):
     """Run the block with torch's generator seeded with ``seed``, then give the caller's generator state back."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
@@ -290,7 +320,10 @@ class Task:
 
     def objective(self, hidden_size: int) -> nn.Module:
         """What the training loop minimises: a module, ``objective(model, batch) -> scalar``. A task whose loss has
-        weights of its own (trained, but not saved with the model) returns a :class:`TaskLoss` subclass holding them."""
+        weights of its own (trained, but not saved with the model) returns a :class:`zhie.losses.TaskLoss` subclass
+        holding them."""
+        from zhie.losses import TaskLoss
+
         return TaskLoss(self)
 
     # ---------------------------------------------------------------------------------------- prediction, metrics
@@ -363,7 +396,11 @@ class Task:
     @classmethod
     def load(cls, path: str | os.PathLike):
         """``(task, model)`` from a model directory (or a run directory with ``best/``), in eval mode."""
+        from safetensors.torch import load_file
+
         from zhie import encoders
+        from zhie.encoders import WeightsMismatchError
+        from zhie.model import Model
 
         path = resolve_model_dir(path)
         meta = read_meta(path)
@@ -389,27 +426,6 @@ def only_auto_format(format: str, what: str) -> None:
     """Readers of one format: ``--format`` other than ``auto`` is an error that says what the data must be."""
     if format != "auto":
         raise ValueError(f"--format {format} does not apply to {what}; leave it out")
-
-
-class TaskLoss(nn.Module):
-    """A task's loss as a module: ``TaskLoss(task)(model, batch) == task.loss(model, batch)``; no weights here."""
-
-    def __init__(self, task: Task) -> None:
-        super().__init__()
-        self.task = task
-
-    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        return self.task.loss(model, batch)
-
-    def log(self) -> dict:
-        """What the loss recorded since the last call, for the evaluation's record in ``metrics.jsonl`` (a multi-task
-        loss: each step's per-task losses and weights); called at each evaluation."""
-        return {}
-
-    def step_log(self) -> dict:
-        """The same for each step record in ``metrics.jsonl`` (a multi-task loss: its members' mean losses and
-        weights since the last call)."""
-        return {}
 
 
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
@@ -461,18 +477,24 @@ class Pipeline:
     """A trained model and its task: ``zhie.load(DIR).predict(texts)``; on the GPU if there is one.
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``): the encoder's precision in ``predict`` and ``evaluate``
-    (:mod:`zhie.precision`; decoding stays fp32).
+    (:mod:`zhie.precision`; decoding stays fp32). ``model``: a :class:`zhie.model.Model`, or an export's
+    :class:`zhie.runtime.OnnxModel` (CPU, fp32).
     """
 
     def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:
         self.task, self.model = task, model
-        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device is None:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = str(device)
+        self.model.to(self.device)
         self.precision = precision
         self.autocast()  # an unknown precision, or one the device lacks, fails here
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context the model runs in: autocast to ``precision`` on the model's device (nothing for fp32)."""
-        return autocast(self.precision, device_of(self.model))
+        return autocast(self.precision, self.device)
 
     def predict(self, texts: list[str] | str, batch_size: int = 32, max_tokens: int | None = None) -> list:
         """One prediction per text, in input order (a single string counts as a list of one); the type of a
@@ -535,7 +557,9 @@ class WindowedTask(Task):
         tt = self.text_tokenizer
         return model_inputs([tt.model_input(it.ids) for it in items], tt.pad_id)
 
-    def decode(self, model: Model, outputs: dict, attention_mask: Tensor) -> list[list]:
+    def decode(self, model: Model, outputs: dict, attention_mask: np.ndarray) -> list[list]:
+        """``outputs``: the model's :meth:`~zhie.model.Model.arrays` of a batch of windows; ``model`` gives the weights
+        a decoder reads (:meth:`~zhie.model.Model.head_weights`)."""
         raise NotImplementedError
 
     def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None,
@@ -549,7 +573,6 @@ class WindowedTask(Task):
         ``from_hits(texts, reported_hits(...))``, and a multi-task model decodes every member from one pass."""
         raise NotImplementedError
 
-    @torch.no_grad()
     def window_hits(self, model: Model, texts: list[str], batch_size: int, timings: dict | None = None,
                     max_tokens: int | None = None) -> Iterator[tuple[int, Encoding, list[tuple[int, int]], int, list]]:
         """Run the model over every window of every text, longest first, in batches of ``batch_size`` windows or of
@@ -558,8 +581,6 @@ class WindowedTask(Task):
 
         ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
         """
-        model.eval()
-        device = device_of(model)
         size, overlap = self.window
         encodings = [self.text_tokenizer(t) for t in texts]
         cuts = [windows(len(enc), size, overlap) if len(enc) else [] for enc in encodings]
@@ -569,12 +590,10 @@ class WindowedTask(Task):
         lengths = [cuts[i][w][1] - cuts[i][w][0] + specials for i, w in jobs]
         for batch_jobs in sorted_batches(lengths, batch_size, max_tokens):
             rows = [tt.model_input(encodings[i].ids[slice(*cuts[i][w])]) for i, w in (jobs[j] for j in batch_jobs)]
-            batch = model_inputs(rows, tt.pad_id)
-            mask = batch["attention_mask"].to(device)
+            batch = input_arrays(rows, tt.pad_id)
+            mask = batch["attention_mask"]
             t0 = time.perf_counter()
-            outputs = model(input_ids=batch["input_ids"].to(device), attention_mask=mask)
-            if timings is not None and device.type == "cuda":
-                torch.cuda.synchronize()  # else the model's queued kernels are timed as decoding
+            outputs = model.arrays(batch["input_ids"], mask)  # numpy on the host: the device is synchronised
             t1 = time.perf_counter()
             decoded = self.decode(model, outputs, mask)
             if timings is not None:

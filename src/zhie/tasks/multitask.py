@@ -30,19 +30,23 @@ Sampled steps (``proportional``, ``temperature``; the per-task loss schemes only
 each step draws one member with probability ``p_i ∝ s_i^(1/T)`` and one batch of it, where ``s_i`` is the member's
 ``sampling_weight`` or else its number of training items ``n_i``, and ``T = 1`` for ``proportional``; the step's loss
 is ``α_i L_i`` with the scheme's weight of that member alone (``equal``: ``α_i = 1``; so the expected update is
-``Σ_i p_i α_i ∇L_i``). An epoch is ``Σ_i ⌈n_i / b_i⌉`` steps. Schemes that need every task's loss or gradient at
-once (initial, generalised-mean, grad-normalise, mgda, main-auxiliary) are refused there. The objective runs the shared
-encoder once per member batch with only that member's head, takes each member's own loss ``L_i`` and forms
-``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that need the tasks'
-gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task. Backward
-passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one for the
-combined loss), 1 for the others. Under several processes (torchrun) each process computes the weights from its own
-batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`` bypasses DDP's hooks); the combined
-loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted gradients. Every
-evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's
-``losses`` and the ``weights`` applied, by member — the sampled member only, on sampled steps), ``task_losses`` and
-``task_weights`` (their means over the batches that had the member); every step record has the same means since the
-last step record.
+``Σ_i p_i α_i ∇L_i``). The member is a function of the run's seed and the step's number alone: every process of a run
+draws the same member (and its own batch of it), and the checkpoint keeps the number. An epoch is ``Σ_i ⌈n_i / b_i⌉``
+steps. Schemes that need every task's loss or gradient at once (initial, generalised-mean, grad-normalise, mgda,
+main-auxiliary) are refused there.
+
+The objective runs the shared encoder once per member batch with only that member's head, takes each member's own
+loss ``L_i`` and forms ``Σ_i sg(α_i) L_i`` with the scheme's weights (:mod:`zhie.multitask.weighting`); schemes that
+need the tasks' gradients get ``g_i = ∇L_i`` over the encoder's parameters from one ``torch.autograd.grad`` per task.
+Backward passes per step: ``n + 1`` for ``grad-normalise``, ``mgda`` and ``main-auxiliary`` (n for the ``g_i``, one
+for the combined loss), 1 for the others. Under several processes (torchrun) each process computes the weights from
+its own batches' losses and gradients (the ``g_i`` are not all-reduced: ``autograd.grad`` bypasses DDP's hooks); the
+combined loss's gradients are then averaged as usual, so a step applies the mean of the processes' weighted
+gradients. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's ``losses`` and the
+``weights`` applied, by member — the sampled member only, on sampled steps; past 100 batches since the last
+evaluation, those of every ``k``-th batch, ``k`` a power of 2, and of the last one), ``task_losses`` and
+``task_weights`` (their means over all the batches that had the member) and ``task_batches`` (how many had it); every
+step record has ``task_losses`` and ``task_weights`` since the last step record (:mod:`zhie.multitask.objective`).
 
 ``gradients = "encoder-output"`` in ``[weighting]`` (gradient schemes): ``g_i`` is taken w.r.t. the encoder's output
 instead of its parameters — MGDA-UB's cheaper upper bound (spec §5.2; the n extra backward passes stop at the encoder's
@@ -70,28 +74,19 @@ import math
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tomllib
-import torch
-from torch import Tensor, nn
+import numpy as np
 
 from zhie import tasks
-from zhie.model import Model
-from zhie.multitask.weighting import (
-    MGDA,
-    Equal,
-    GeneralisedMean,
-    GradNormalise,
-    InitialLoss,
-    MainAuxiliary,
-    PriorLoss,
-    RealTime,
-    UncertaintyWeighting,
-    combine,
-)
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, TaskLoss, WindowedTask, device_of
+from zhie.tasks.base import Pipeline, Task, WindowedTask
 from zhie.text import TextTokenizer
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from zhie.model import Model
 
 SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
            "uncertainty")
@@ -147,6 +142,13 @@ def _load_file(path: Path) -> dict:
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     elif path.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: its backport, a dependency there
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
@@ -330,8 +332,7 @@ class MultiTaskPipeline(Pipeline):
 
     def member(self, name: str) -> Pipeline:
         task = self.task.member(name)
-        return type(task).pipeline_class(task, self.task.view(self.model, [name]), str(device_of(self.model)),
-                                         self.precision)
+        return type(task).pipeline_class(task, self.task.view(self.model, [name]), self.device, self.precision)
 
     def encode(self, texts: list[str] | str, member: str | None = None, batch_size: int = 64, normalize: bool = True):
         """Sentence vectors of the sentence-embedding member ``member`` (default: the only one)."""
@@ -368,6 +369,8 @@ class MultiTask(WindowedTask):
             self.members.append(member)
         self.batch_sizes = [m["batch_size"] for m in config.members]
         self.member_items: list[list] = []
+        self.seed = 0   # sampled steps: the run's seed, set by loop_config ...
+        self.draws = 0  # ... and the batches drawn so far (kept in the checkpoint by MultiTaskLoss)
 
     @property
     def spans(self) -> list[WindowedTask]:
@@ -382,8 +385,8 @@ class MultiTask(WindowedTask):
 
     @staticmethod
     def view(model: Model, names: list[str]) -> Model:
-        """A :class:`Model` sharing ``model``'s encoder and the heads ``names`` (no copy)."""
-        return Model(model.encoder, {name: model.heads[name] for name in names})
+        """A model sharing ``model``'s encoder (or graph) and the heads ``names`` (no copy)."""
+        return model.view(names)
 
     # ---------------------------------------------------------------------------------------- data and config
     @classmethod
@@ -459,9 +462,14 @@ class MultiTask(WindowedTask):
 
     # ---------------------------------------------------------------------------------------- training
     def loop_config(self, config):
-        """Members without a ``batch_size`` take ``config.batch_size``; the loop draws one step item at a time."""
+        """Members without a ``batch_size`` take ``config.batch_size``; the loop draws one step item at a time. Sampled
+        steps leave the other members' heads without a gradient: DDP must look for such parameters after each forward
+        pass and leave them alone (``find_unused_parameters``), as one process does (their gradients stay unset, so
+        AdamW neither decays nor moves them). A zero-weighted term of every absent head would keep DDP from failing
+        too, but would give those heads zero gradients, which AdamW still applies (momentum, weight decay)."""
         self.batch_sizes = [b or config.batch_size for b in self.batch_sizes]
-        return replace(config, batch_size=1)
+        self.seed = config.seed
+        return replace(config, batch_size=1, find_unused_parameters=self.config.sampling != "all")
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         return {name: head for m in self.members for name, head in m.build_heads(hidden_size).items()}
@@ -477,13 +485,23 @@ class MultiTask(WindowedTask):
         batches = [math.ceil(len(items) / b) for items, b in zip(self.member_items, self.batch_sizes)]
         return list(range(max(batches) if self.config.sampling == "all" else sum(batches)))
 
+    def sampled_member(self, draw: int) -> int:
+        """The member of sampled step number ``draw`` (0, 1, …), with the probabilities of
+        :meth:`MultitaskConfig.probabilities`; a function of the run's seed and ``draw`` alone, so every process of a
+        run draws the same member (a CoSENT member gathers its pairs from every process; DDP reduces the same
+        heads)."""
+        p = self.config.probabilities([len(items) for items in self.member_items])
+        return int(np.random.default_rng([self.seed, draw]).choice(len(p), p=p))
+
     def collate(self, steps: list[int]) -> dict[str, Tensor]:
-        """One random batch of every member (of one member drawn with :meth:`MultitaskConfig.probabilities`, on
-        sampled steps), its keys prefixed ``NAME/``."""
+        """One random batch of every member (of the member :meth:`sampled_member` draws, on sampled steps), its keys
+        prefixed ``NAME/``; each process draws its own batch of it."""
+        import torch
+
         chosen_members = range(len(self.members))
         if self.config.sampling != "all":
-            p = self.config.probabilities([len(items) for items in self.member_items])
-            chosen_members = [int(torch.multinomial(torch.tensor(p), 1))]
+            chosen_members = [self.sampled_member(self.draws)]
+        self.draws += 1
         batch = {}
         for i in chosen_members:
             m, items, size = self.members[i], self.member_items[i], self.batch_sizes[i]
@@ -492,6 +510,8 @@ class MultiTask(WindowedTask):
         return batch
 
     def objective(self, hidden_size: int) -> nn.Module:
+        from zhie.multitask.objective import MultiTaskLoss
+
         return MultiTaskLoss(self, hidden_size)
 
     # ---------------------------------------------------------------------------------------- prediction, metrics
@@ -549,120 +569,3 @@ class MultiTask(WindowedTask):
     def load_files(self, directory: Path, prefix: str = "") -> None:
         for m in self.members:
             m.load_files(directory, f"{prefix}{m.head_name}.")
-
-
-class MultiTaskLoss(TaskLoss):
-    """``Σ_i sg(α_i) L_i`` over the members' batches, ``α`` from the scheme (:mod:`zhie.multitask.weighting`); under
-    ``uncertainty`` the Kendall et al. objective with its learnable ``log σ_i²`` (not in Su's posts).
-
-    Each member's ``L_i`` is its own objective's (a member with weights of its own, Sentence-BERT's classifier, keeps
-    them here). Gradient schemes get ``g_i = ∇L_i`` over the encoder's trainable parameters (``retain_graph``; the
-    heads are each one task's own, and each gets ``α_i ∇L_i``), or over the encoder's outputs (``gradients =
-    "encoder-output"``). Main-auxiliary sees the main task first. On a sampled step (one member's batch), the absent
-    members' losses are 0 and their weights 0.
-    """
-
-    def __init__(self, task: MultiTask, hidden_size: int) -> None:
-        super().__init__(task)
-        c = task.config
-        self.names = [m.head_name for m in task.members]
-        self.member_losses = nn.ModuleList([m.objective(hidden_size) for m in task.members])
-        main = self.names.index(c.main) if c.weighting == "main-auxiliary" else 0
-        self.order = [main] + [i for i in range(len(self.names)) if i != main]
-        self.uncertainty = UncertaintyWeighting(len(self.names)) if c.weighting == "uncertainty" else None
-        self.output_space = c.gradients == "encoder-output"
-        self.scheme = {
-            "equal": Equal, "real-time": RealTime, "grad-normalise": GradNormalise, "mgda": MGDA,
-            "main-auxiliary": MainAuxiliary, "uncertainty": Equal,  # uncertainty: the module above decides
-            "initial": lambda: InitialLoss(None, c.initial_batches),
-            "generalised-mean": lambda: GeneralisedMean(c.gamma),
-            "prior": lambda: PriorLoss([m.prior_loss(items, b) for m, items, b in zip(
-                task.members, task.member_items, task.batch_sizes)]),
-        }[c.weighting]()
-        self.batches = 0
-        self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []  # (batch, losses, weights, present) to log
-        self.window = torch.zeros(3, len(self.names), dtype=torch.float64)  # sums since the last step record
-
-    @staticmethod
-    def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
-        """``[n, P]``: row ``i`` is ``∇L_i`` w.r.t. ``inputs[i]`` (tensors, flattened; a ``None`` gradient is zeros).
-        Over the encoder's parameters every row has the same inputs; over encoder outputs each member has its own
-        (its batch's), so the rows are placed in disjoint blocks of one long vector."""
-        rows = []
-        for loss, tensors in zip(losses, inputs):
-            grads = torch.autograd.grad(loss, tensors, retain_graph=True, allow_unused=True)
-            rows.append(torch.cat([(g if g is not None else torch.zeros_like(t)).reshape(-1).float()
-                                   for g, t in zip(grads, tensors)]))
-        if all(len(ts) == len(inputs[0]) and all(t is u for t, u in zip(ts, inputs[0])) for ts in inputs):
-            return torch.stack(rows)
-        return torch.block_diag(*(row.unsqueeze(0) for row in rows))
-
-    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        device = next(iter(batch.values())).device
-        losses, outputs, present = [], [], []
-        hook = (model.encoder.register_forward_hook(lambda module, args, out: outputs[-1].append(out.last_hidden_state))
-                if self.output_space else None)
-        try:
-            for name, objective in zip(self.names, self.member_losses):
-                prefix = f"{name}/"
-                member_batch = {k[len(prefix):]: v for k, v in batch.items() if k.startswith(prefix)}
-                outputs.append([])
-                present.append(bool(member_batch))
-                losses.append(objective(model, member_batch).float() if member_batch
-                              else torch.zeros((), device=device))
-        finally:
-            if hook is not None:
-                hook.remove()
-        losses = torch.stack(losses)
-        present = torch.tensor(present, device=device)
-        if self.uncertainty is not None:
-            total, weights = self.uncertainty(losses, present), self.uncertainty.weights()
-        else:
-            ordered = losses[self.order]
-            grads = None
-            if self.scheme.needs_gradients:
-                params = [p for p in model.encoder.parameters() if p.requires_grad]
-                grads = self.gradients(ordered, [outputs[i] for i in self.order] if self.output_space
-                                       else [params] * len(ordered))
-            weights = torch.empty_like(losses)
-            weights[self.order] = self.scheme.weights(ordered, grads).to(losses.device)
-            total = combine(losses, weights)
-        weights = weights * present
-        self.batches += 1
-        self.rows.append((self.batches, losses.detach(), weights.detach(), present))
-        self.window = self.window.to(device) + torch.stack([losses.detach().double(), weights.detach().double(),
-                                                            present.double()])
-        return total
-
-    def step_log(self) -> dict:
-        """``task_losses``, ``task_weights``: each member's means over its batches since the last call."""
-        losses, weights, batches = self.window.tolist()
-        self.window = torch.zeros_like(self.window)
-        return {key: {n: s / b for n, s, b in zip(self.names, sums, batches) if b}
-                for key, sums in (("task_losses", losses), ("task_weights", weights))}
-
-    def log(self) -> dict:
-        """``per_batch``: each batch's ``losses`` and ``weights`` by member; ``task_losses``, ``task_weights``: their
-        means since the last call."""
-        rows = [{"batch": b, **{key: {n: v for n, v, here in zip(self.names, values.tolist(), present) if here}
-                                for key, values in (("losses", losses), ("weights", weights))}}
-                for b, losses, weights, present in self.rows]
-        self.rows = []
-        if not rows:
-            return {}
-
-        def mean(key: str, name: str) -> float | None:
-            values = [r[key][name] for r in rows if name in r[key]]
-            return sum(values) / len(values) if values else None
-
-        return {"task_losses": {n: mean("losses", n) for n in self.names},
-                "task_weights": {n: mean("weights", n) for n in self.names}, "per_batch": rows}
-
-    def get_extra_state(self) -> dict:
-        """The scheme's state (initial losses), the batch count and the rows not logged yet, for checkpoints."""
-        return {"scheme": self.scheme.state_dict(), "batches": self.batches, "window": self.window.cpu(),
-                "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.scheme.load_state_dict(state["scheme"])
-        self.batches, self.rows, self.window = state["batches"], list(state["rows"]), state["window"]

@@ -4,10 +4,10 @@ Heads (spec §1, §2, §8), in two families with one output type each:
 
 * span heads ``gp`` / ``egp`` — (Efficient) GlobalPointer: span logits ``[b, types, n, n]``, trained with the
   sparse multilabel categorical cross-entropy on index labels; a span is predicted where its masked logit is > 0
-  (``nonzero`` on the logits, no loop over cells). Flat and nested data (:class:`SpanLabels`).
+  (:func:`zhie.decoding.span_cells`, at most ``max_spans`` per window). Flat and nested data (:class:`SpanLabels`).
 * taggers ``crf`` / ``softmax`` — emissions ``[b, n, tags]`` over BIO tags (O = 0, B-c = 2c+1, I-c = 2c+2); the
-  CRF decodes with batched Viterbi restricted to valid BIO paths. Flat data only: nested spans are refused,
-  unless ``flatten`` keeps the outermost ones (:class:`TagLabels`).
+  CRF decodes with Viterbi restricted to valid BIO paths (:mod:`zhie.decoding`). Flat data only: nested spans are
+  refused, unless ``flatten`` keeps the outermost ones (:class:`TagLabels`).
 * word-level tagging (``--mode word``: ``words=True`` on sub-word tokens, softmax head; :class:`WordLabels`,
   :mod:`zhie.words`) — one BIO tag per whitespace-separated word, on its first sub-word; the other sub-words and
   the special tokens carry no loss and no prediction (spec §10.2, the MTMT recogniser and student).
@@ -27,22 +27,21 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor, nn
 
+from zhie import decoding
 from zhie.data import NerExample, read_ner
-from zhie.heads import CrfTagger, EfficientGlobalPointer, GlobalPointer, SoftmaxTagger
-from zhie.heads.tagger import IGNORE
-from zhie.losses import global_pointer_loss
 from zhie.metrics import label_errors, prf_table, span_prf
-from zhie.multitask.priors import crf_prior, multilabel_prior, softmax_tagging_prior
 from zhie.spans import BatchTagDecoder, Span, spans_to_tags
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
 from zhie.text import windows
 from zhie.words import word_heads, word_ranges, word_spans, word_tags
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 SPAN_HEADS = ("gp", "egp")
 TAGGER_HEADS = ("crf", "softmax")
@@ -63,6 +62,9 @@ class NerConfig:
     crf_lr_multiplier: float = 100.0  # the CRF transitions learn at the encoder lr times this (spec §8.1)
     gp_prior_init: bool = True  # gp: start each type's cells at its prior logit (issue 17); False = bert4keras's zero
     words: bool = False  # one tag per word on its first sub-word (--mode word: subword tokens, softmax head)
+    # gp/egp decoding: at most this many spans per window (the highest scores). An early or diverged model scores most
+    # of the n² cells above 0, and each would become a span; real data stays far below.
+    max_spans: int = 1024
 
     def __post_init__(self):
         if self.head not in HEADS:
@@ -115,6 +117,8 @@ class SpanLabels:
         self.prior_logits: list[float] | None = None  # set by NerTask.encode from the training windows
 
     def build_head(self, hidden_size: int) -> nn.Module:
+        from zhie.heads import EfficientGlobalPointer, GlobalPointer
+
         cls = GlobalPointer if self.config.head == "gp" else EfficientGlobalPointer
         head = cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
         if isinstance(head, GlobalPointer) and self.prior_logits is not None and self.config.gp_prior_init:
@@ -131,6 +135,8 @@ class SpanLabels:
         return sparse_cells([[(k, s, e) for s, e, k in it.spans] for it in items], len(self.config.labels), n)
 
     def loss(self, head: nn.Module, logits: Tensor, labels: Tensor) -> Tensor:
+        from zhie.losses import global_pointer_loss
+
         return global_pointer_loss(logits, labels, mask_zero=True, reduction="mean")
 
     def prior(self, items: list[NerWindow]) -> float:
@@ -138,6 +144,8 @@ class SpanLabels:
         return self._prior(items)[0]
 
     def _prior(self, items: list[NerWindow]) -> tuple[float, list[float]]:
+        from zhie.multitask.priors import multilabel_prior
+
         instances = []
         for it in items:
             n, positives = len(it.ids), Counter(k for _, _, k in set(it.spans))
@@ -149,12 +157,11 @@ class SpanLabels:
         if items:
             self.prior_logits = self._prior(items)[1]
 
-    def decode(self, head: nn.Module, logits: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
+    def decode(self, logits: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None
+               ) -> list[list[TokenSpan]]:
+        """Masked span logits ``[b, types, n, n]`` -> per row its spans (at most ``max_spans``)."""
         rows: list[list[TokenSpan]] = [[] for _ in range(logits.shape[0])]
-        positive = logits > 0  # one pass over the [b, types, n, n] cells; only the hits are copied to the host
-        hits = positive.nonzero().tolist()
-        scores = torch.sigmoid(2 * logits[positive].float()).tolist()
-        for (b, k, i, j), score in zip(hits, scores):
+        for b, k, i, j, score in zip(*(a.tolist() for a in decoding.span_cells(logits, self.config.max_spans))):
             rows[b].append(TokenSpan(i - 1, j, k, score))
         return rows
 
@@ -170,8 +177,11 @@ class TagLabels:
         self.label_index = {label: i for i, label in enumerate(config.labels)}
         self.spans = BatchTagDecoder(config.tags, config.scheme)
         self.span_label = [self.label_index.get(label, 0) for label in self.spans.labels]  # BMES's "": 0
+        self.constraints = decoding.CONSTRAINTS[config.scheme](config.tags)
 
     def build_head(self, hidden_size: int) -> nn.Module:
+        from zhie.heads import CrfTagger, SoftmaxTagger
+
         c = self.config
         if c.head == "crf":
             return CrfTagger(hidden_size, c.tags, c.scheme, dropout=c.dropout, lr_multiplier=c.crf_lr_multiplier)
@@ -199,6 +209,8 @@ class TagLabels:
         return [self.tag_index[t] for t in tags]
 
     def labels(self, items: list[NerWindow], n: int) -> Tensor:
+        from zhie.heads.tagger import IGNORE
+
         return pad([[IGNORE, *it.tags, IGNORE] for it in items], IGNORE, n)
 
     def loss(self, head: nn.Module, emissions: Tensor, labels: Tensor) -> Tensor:
@@ -206,17 +218,26 @@ class TagLabels:
 
     def prior(self, items: list[NerWindow]) -> float:
         """The tags' Markov chain (CRF) or their entropy (softmax)."""
+        from zhie.multitask.priors import crf_prior, softmax_tagging_prior
+
         tags = [it.tags for it in items]
         return crf_prior(tags) if self.config.head == "crf" else softmax_tagging_prior(tags)
 
-    def decode(self, head: nn.Module, emissions: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
-        lengths = (attention_mask.sum(1) - 2).tolist()
-        emissions = emissions[:, 1:].float()
-        mask = torch.arange(emissions.shape[1], device=emissions.device)[None, :] < torch.tensor(
-            lengths, device=emissions.device)[:, None]
-        paths = head.decode(emissions, mask)
-        probs = emissions.softmax(-1).gather(-1, paths.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        paths, probs = paths.cpu().numpy(), probs.cpu().numpy()  # one copy each; spans in numpy for the whole batch
+    def decode(self, emissions: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None
+               ) -> list[list[TokenSpan]]:
+        """Emissions ``[b, n, tags]`` -> per row its spans: the CRF's constrained Viterbi path (its transitions in
+        ``weights``, the head's), or each token's argmax (softmax); spans for the whole batch in numpy."""
+        lengths = attention_mask.sum(1) - 2
+        emissions = emissions[:, 1:]
+        if self.config.head == "crf":
+            trans, start, end = decoding.constrained(weights["crf.transitions"], weights.get("crf.start_transitions"),
+                                                     weights.get("crf.end_transitions"), self.constraints)
+            paths, _ = decoding.viterbi(emissions, lengths, trans, start, end)
+        else:
+            valid = np.arange(emissions.shape[1])[None, :] < lengths[:, None]
+            paths = np.where(valid, emissions.argmax(-1), -1)
+        probs = decoding.tag_probabilities(emissions, paths)
+        lengths = lengths.tolist()
         cumulative = np.concatenate([np.zeros((len(probs), 1)), np.cumsum(probs, axis=1, dtype=np.float64)], axis=1)
         b, s, e, k = self.spans(paths, lengths)
         score = (cumulative[b, e] - cumulative[b, s]) / (e - s)  # the mean probability of the span's tags
@@ -232,16 +253,21 @@ class WordLabels(TagLabels):
 
     cut_at_right_edge = False  # a hit is one token: the window where it is most central reports it
 
-    def decode(self, head: nn.Module, emissions: Tensor, attention_mask: Tensor) -> list[list[TokenSpan]]:
+    def decode(self, emissions: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None
+               ) -> list[list[TokenSpan]]:
         """One :class:`TokenSpan` per content token: ``label`` is its argmax tag id, ``score`` that tag's
         probability."""
         lengths = (attention_mask.sum(1) - 2).tolist()
-        probs, tags = emissions[:, 1:].float().softmax(-1).max(-1)
+        softmax = decoding.softmax(emissions[:, 1:])
+        probs, tags = softmax.max(-1), softmax.argmax(-1)
         return [[TokenSpan(t, t + 1, tag, p) for t, (tag, p) in enumerate(zip(row_tags[:n], row_probs[:n]))]
                 for row_tags, row_probs, n in zip(tags.tolist(), probs.tolist(), lengths)]
 
     def prior(self, items: list[NerWindow]) -> float:
         """The entropy of the tags of the words (the sub-words without a tag left out)."""
+        from zhie.heads.tagger import IGNORE
+        from zhie.multitask.priors import softmax_tagging_prior
+
         return softmax_tagging_prior([[t for t in it.tags if t != IGNORE] for it in items])
 
 
@@ -351,6 +377,8 @@ class NerTask(WindowedTask):
 
     def head_tags(self, example: NerExample, encoding) -> list[int]:
         """Word-level tagging: each word's tag id on its first sub-word, ``IGNORE`` on every other token."""
+        from zhie.heads.tagger import IGNORE
+
         ranges = word_ranges(example.text)
         tags = [IGNORE] * len(encoding)
         for head, tag in zip(word_heads(encoding, ranges), word_tags(ranges, example.spans)):
@@ -373,10 +401,10 @@ class NerTask(WindowedTask):
     def prior_loss(self, items: list[NerWindow], batch_size: int) -> float:
         return self.labeling.prior(items)
 
-    @torch.no_grad()
-    def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenSpan]]:
-        """Head output -> per row the entities over the window's content token positions."""
-        return self.labeling.decode(model.heads[self.head_name], outputs[self.head_name], attention_mask)
+    def decode(self, model, outputs: dict, attention_mask: np.ndarray) -> list[list[TokenSpan]]:
+        """Head output (numpy) -> per row the entities over the window's content token positions."""
+        weights = model.head_weights(self.head_name) if self.config.head == "crf" else None
+        return self.labeling.decode(outputs[self.head_name], attention_mask, weights)
 
     def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
         """Entities of each text, in input order (long texts through overlapping windows)."""

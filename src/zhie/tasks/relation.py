@@ -9,8 +9,9 @@ The head (:class:`zhie.heads.GPLinkerHead`) is three (Efficient) GlobalPointer m
 A triple (s, p, o) is predicted when s and o are entity cells > 0 and both linking cells of p are > 0. Labels
 are sparse cell indices, the loss is the sparse multilabel categorical cross-entropy with ``mask_zero``
 (cell 0 = ``([CLS], [CLS])`` is padding), summed over heads, averaged over the batch, summed over the three
-modules. Decoding gathers the linking scores of every subject x object pair at once (``nonzero`` on masked
-logits, no loop over cells). A relation's score is the smallest ``sigmoid(2 * logit)`` of its four cells.
+modules. Decoding gathers the linking scores of every subject x object pair at once
+(:func:`zhie.decoding.link_relations`, in numpy, no loop over cells). A relation's score is the smallest
+``sigmoid(2 * logit)`` of its four cells.
 
 Long texts go through overlapping windows; a triple is reported by the window that contains its extent (from the
 first to the last token of its two mentions) whole and most centrally (:func:`zhie.text.reporting_window`).
@@ -21,19 +22,22 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor, nn
+import numpy as np
 
+from zhie import decoding
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
-from zhie.heads import GPLinkerHead, RelationLogits
-from zhie.losses import global_pointer_loss
 from zhie.metrics import label_errors, prf_table, span_prf
-from zhie.multitask.priors import multilabel_prior
 from zhie.spans import Span
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, only_auto_format, rename_weights, sparse_cells
 from zhie.text import windows
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+    from zhie.heads import RelationLogits
 
 HEADS = ("gp", "egp")
 
@@ -120,6 +124,8 @@ class RelationTask(WindowedTask):
         return RelationConfig(predicates, head=head, max_length=max_length)
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        from zhie.heads import GPLinkerHead
+
         c = self.config
         return {self.head_name: GPLinkerHead(hidden_size, len(c.predicates), c.head_size, efficient=c.head == "egp")}
 
@@ -167,6 +173,8 @@ class RelationTask(WindowedTask):
         return batch
 
     def head_loss(self, head: nn.Module, logits: RelationLogits, batch: dict[str, Tensor]) -> Tensor:
+        from zhie.losses import global_pointer_loss
+
         return sum(global_pointer_loss(getattr(logits, name), batch[f"{name}_labels"], mask_zero=True,
                                        reduction="sum_heads_mean_batch")
                    for name in ("entity", "head_head", "tail_tail"))
@@ -174,6 +182,8 @@ class RelationTask(WindowedTask):
     def prior_loss(self, items: list[RelationWindow], batch_size: int) -> float:
         """The sum of the three modules' priors (one logit per head): ``entity`` has n(n+1)/2 valid cells in a window
         of n tokens, ``head_head`` and ``tail_tail`` n² (no triangle mask)."""
+        from zhie.multitask.priors import multilabel_prior
+
         total = 0.0
         for name, heads, triangle in (("entity", 2, True), ("head_head", len(self.config.predicates), False),
                                       ("tail_tail", len(self.config.predicates), False)):
@@ -186,39 +196,15 @@ class RelationTask(WindowedTask):
         return total
 
     # --------------------------------------------------------------------------------------- decoding
-    @torch.no_grad()
-    def decode(self, model, outputs: dict, attention_mask: Tensor) -> list[list[TokenTriple]]:
-        """Head output -> per row the triples over the window's content token positions."""
-        return self.decode_logits(outputs[self.head_name])
-
-    @torch.no_grad()
-    def decode_logits(self, logits: RelationLogits) -> list[list[TokenTriple]]:
-        """Masked logits -> per row the triples over the window's content token positions."""
-        rows = []
-        cap_spans, cap_triples = self.config.max_spans, self.config.max_triples
-        for b in range(logits.entity.shape[0]):
-            ent = logits.entity[b].float()
-            subjects, objects = _top_cells(ent[0], cap_spans), _top_cells(ent[1], cap_spans)
-            if not len(subjects) or not len(objects):
-                rows.append([])
-                continue
-            hh = logits.head_head[b].float()[:, subjects[:, 0, None], objects[None, :, 0]]  # [R, S, O]
-            tt = logits.tail_tail[b].float()[:, subjects[:, 1, None], objects[None, :, 1]]
-            hits = ((hh > 0) & (tt > 0)).nonzero()
-            if not len(hits):
-                rows.append([])
-                continue
-            p, si, oi = hits.unbind(1)
-            s_score = ent[0][subjects[si, 0], subjects[si, 1]]
-            o_score = ent[1][objects[oi, 0], objects[oi, 1]]
-            score = torch.sigmoid(2 * torch.stack([s_score, o_score, hh[p, si, oi], tt[p, si, oi]])).min(0).values
-            if len(score) > cap_triples:
-                keep = score.topk(cap_triples).indices.sort().values
-                p, si, oi, score = p[keep], si[keep], oi[keep], score[keep]
-            rows.append([TokenTriple((sh - 1, st), pp, (oh - 1, ot), sc) for sh, st, pp, oh, ot, sc in zip(
-                subjects[si, 0].tolist(), subjects[si, 1].tolist(), p.tolist(), objects[oi, 0].tolist(),
-                objects[oi, 1].tolist(), score.tolist())])
-        return rows
+    def decode(self, model, outputs: dict, attention_mask: np.ndarray) -> list[list[TokenTriple]]:
+        """Head output (numpy: ``{entity, head_head, tail_tail}``) -> per row the triples over the window's content
+        token positions (:func:`zhie.decoding.link_relations`, with the caps of the config)."""
+        logits, c = outputs[self.head_name], self.config
+        return [[TokenTriple((sh - 1, st), pp, (oh - 1, ot), sc) for sh, st, pp, oh, ot, sc in zip(
+                    subjects[si, 0].tolist(), subjects[si, 1].tolist(), p.tolist(), objects[oi, 0].tolist(),
+                    objects[oi, 1].tolist(), score.tolist())]
+                for subjects, p, si, oi, objects, score in decoding.link_relations(
+                    logits["entity"], logits["head_head"], logits["tail_tail"], c.max_spans, c.max_triples)]
 
     def from_hits(self, texts: list[str], hits) -> list[list[Triple]]:
         """Triples of each text, in input order (long texts through overlapping windows)."""
@@ -274,15 +260,6 @@ class RelationTask(WindowedTask):
         meta = {**meta, "head": meta.get("variant", "egp"), "overlap": meta.get("stride", 64)}
         return meta, rename_weights(weights, {m: f"heads.{cls.name}.{m}" for m in ("entity.", "head_head.",
                                                                                      "tail_tail.")})
-
-
-def _top_cells(logits: Tensor, cap: int) -> Tensor:
-    """``(row, col)`` of the cells scoring > 0, at most ``cap`` of them (the highest), in row-major order."""
-    cells = (logits > 0).nonzero()
-    if len(cells) > cap:
-        keep = logits[cells[:, 0], cells[:, 1]].topk(cap).indices.sort().values
-        cells = cells[keep]
-    return cells
 
 
 def relation_metrics(gold: list[SpoExample], pred: list[list[Triple]]) -> dict:

@@ -20,31 +20,28 @@ import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
 
 from zhie.data.sts import Pair, read_pairs
-from zhie.heads import POOLINGS, Pooling
-from zhie.losses import SoftmaxLoss, cosent_loss, cosine_mse_loss
+from zhie.decoding import POOLINGS, l2_normalize
 from zhie.metrics import spearman
-from zhie.multitask.priors import cosent_prior
 from zhie.stream import write_lines, write_npy
 from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,
     Task,
-    TaskLoss,
     add_text_command,
-    device_of,
+    input_arrays,
     model_inputs,
     only_auto_format,
     rename_weights,
     sorted_batches,
 )
-from zhie.training.dist import all_gather_with_grad
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 LOSSES = ("cosent", "sbert", "cosine-mse")
 
@@ -98,18 +95,6 @@ class SentencePipeline(Pipeline):
         return (self.encode(a, batch_size) * self.encode(b, batch_size)).sum(1)
 
 
-class SbertObjective(TaskLoss):
-    """The Sentence-BERT objective with its classifier (trained with the model, not saved with it)."""
-
-    def __init__(self, task: SimilarityTask, hidden_size: int) -> None:
-        super().__init__(task)
-        self.softmax_loss = SoftmaxLoss(hidden_size, task.config.num_classes)
-
-    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
-        u, v = self.task.pair_vectors(model, batch)
-        return self.softmax_loss(u, v, batch["labels"].long())
-
-
 @register
 class SimilarityTask(Task):
     """Sentence vectors: ``predict`` returns a float32 array ``[len(texts), hidden]`` of L2-normalised vectors."""
@@ -157,6 +142,8 @@ class SimilarityTask(Task):
                                 label_min=labels[0], label_max=labels[-1])
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        from zhie.heads import Pooling
+
         return {self.head_name: Pooling(self.config.pooling)}
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
@@ -168,6 +155,8 @@ class SimilarityTask(Task):
         return [EncodedPair(x, y, p.label) for x, y, p in zip(a, b, pairs)]
 
     def collate(self, items: list[EncodedPair]) -> dict[str, Tensor]:
+        import torch
+
         batch = model_inputs([ids for it in items for ids in (it.a, it.b)], self.tokenizer.pad_token_id)
         batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float32)
         return batch
@@ -178,6 +167,11 @@ class SimilarityTask(Task):
         return vectors[0::2], vectors[1::2]  # the pairs were interleaved by collate
 
     def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        import torch.nn.functional as F
+
+        from zhie.losses import cosent_loss, cosine_mse_loss
+        from zhie.training.dist import all_gather_with_grad
+
         c = self.config
         cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)
         if c.loss == "cosent":  # over the pairs of every process: the loss does not change with their number
@@ -189,29 +183,29 @@ class SimilarityTask(Task):
         random order cut into batches of ``batch_size``."""
         if self.config.loss != "cosent":
             raise ValueError(f"no prior loss is derived for the {self.config.loss} loss; use another weighting scheme")
+        from zhie.multitask.priors import cosent_prior
+
         labels = [items[i].label for i in random.Random(0).sample(range(len(items)), len(items))]
         return cosent_prior([labels[i:i + batch_size] for i in range(0, len(labels), batch_size)])
 
     def objective(self, hidden_size: int) -> nn.Module:
+        from zhie.losses import SbertObjective, TaskLoss
+
         return SbertObjective(self, hidden_size) if self.config.loss == "sbert" else TaskLoss(self)
 
-    @torch.no_grad()
     def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True,
               max_tokens: int | None = None) -> np.ndarray:
         """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``); batches
         as in :func:`sorted_batches`."""
-        model.eval()
-        device = device_of(model)
         ids = self.token_ids(texts)
-        out = np.zeros((len(texts), model.encoder.config.hidden_size), dtype=np.float32)
+        out = None
         for batch_idx in sorted_batches([len(r) for r in ids], batch_size, max_tokens):
-            batch = model_inputs([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
-            vectors = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                            heads=[self.head_name])[self.head_name]
-            if normalize:
-                vectors = F.normalize(vectors, dim=-1)
-            out[batch_idx] = vectors.float().cpu().numpy()
-        return out
+            batch = input_arrays([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
+            vectors = model.arrays(batch["input_ids"], batch["attention_mask"], heads=[self.head_name])[self.head_name]
+            if out is None:
+                out = np.zeros((len(texts), vectors.shape[-1]), dtype=np.float32)
+            out[batch_idx] = l2_normalize(vectors) if normalize else vectors
+        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
 
     def predict(self, model, texts: list[str], batch_size: int = 64, max_tokens: int | None = None) -> np.ndarray:
         return self.embed(model, texts, batch_size, normalize=True, max_tokens=max_tokens)

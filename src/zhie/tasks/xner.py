@@ -12,8 +12,10 @@ Three models, all word-level (one prediction per word, on its first sub-word: :m
   target-language pairs with :func:`zhie.mtmt.mtmt_loss`; it is saved as an ordinary word-level NER model
   directory, so ``zhie predict``/``eval``/``serve`` take it as they are.
 
-The teachers are evaluated once over the target sentences before the student trains (both are in eval mode, so
-their outputs are fixed): the recogniser's probabilities and the evaluator's vectors at every word.
+The teachers run in eval mode (their outputs are fixed) on each process's own device: the recogniser once over the
+target sentences before the student trains, for the predicted tags that the pairs are drawn by, then both on each
+batch of pairs, inside the batch's ``collate``: the recogniser's probabilities and the evaluator's similarity at the
+batch's words are computed per batch and never held for the whole target set.
 """
 
 from __future__ import annotations
@@ -219,20 +221,12 @@ class XnerEvaluatorTask(Task):
 # ------------------------------------------------------------------------------------------------- the student
 @dataclass
 class DistillPair:
-    """One training item of the student: two target sentences (student token ids), the selected words' first
-    sub-words, the recogniser's probabilities at them and the evaluator's similarity."""
+    """One training item of the student: two target sentences (their indices) and a word of each (its index)."""
 
-    a: list[int]
+    a: int
     a_word: int
-    b: list[int]
+    b: int
     b_word: int
-    teacher_a: Tensor
-    teacher_b: Tensor
-    teacher_sim: float
-
-    @property
-    def ids(self) -> list[int]:  # for length grouping: the longer sentence
-        return self.a if len(self.a) >= len(self.b) else self.b
 
 
 class MtmtObjective(nn.Module):
@@ -266,23 +260,59 @@ def read_target(path: str | os.PathLike, format: str = "auto") -> list[str]:
     return read_texts(path) if format == "text" else [ex.text for ex in read_ner(path, format)]
 
 
-def teacher_tables(recognizer, evaluator, student_tt: TextTokenizer, texts: list[str], max_length: int,
-                   batch_size: int = 64) -> tuple[list, list[Tensor], list[Tensor]]:
-    """Student inputs per text (:func:`word_inputs`; a word whose first sub-word is missing for any of the three
-    tokenizers gets -1), the recogniser's probabilities ``[n_words, C]`` and the evaluator's vectors
-    ``[n_words, D]``."""
-    rec_task, rec_model = recognizer
-    ev_task, ev_model = evaluator
-    rec_in = [word_inputs(rec_task.text_tokenizer, t, rec_task.config.max_length) for t in texts]
-    ev_in = [word_inputs(ev_task.text_tokenizer, t, ev_task.config.max_length) for t in texts]
-    student_in = []
-    for t, (_, rh), (_, eh) in zip(texts, rec_in, ev_in):
-        ids, heads = word_inputs(student_tt, t, max_length)
-        student_in.append((ids, [h if min(h, r, e) >= 0 else -1 for h, r, e in zip(heads, rh, eh)]))
-    probs = [x.softmax(-1) for x in word_outputs(rec_model, rec_task.head_name, rec_task.text_tokenizer, rec_in,
-                                                 batch_size)]
-    vectors = word_outputs(ev_model, ev_task.head_name, ev_task.text_tokenizer, ev_in, batch_size)
-    return student_in, probs, vectors
+class Teachers:
+    """The recogniser and the evaluator on ``device`` in eval mode, and every target sentence's inputs
+    (:func:`word_inputs`) for the student, the recogniser and the evaluator (``inputs[0]``, ``[1]``, ``[2]``): a word
+    whose first sub-word is missing for any of the three tokenizers has -1 in the student's, so that it is never
+    selected."""
+
+    def __init__(self, recognizer: tuple[NerTask, Model], evaluator: tuple[XnerEvaluatorTask, Model],
+                 student_tt: TextTokenizer, texts: list[str], max_length: int, device: torch.device) -> None:
+        self.tasks = (recognizer[0], evaluator[0])
+        self.models = tuple(model.to(device).eval() for _, model in (recognizer, evaluator))
+        self.tokenizers = (student_tt, *(task.text_tokenizer for task in self.tasks))
+        self.device = device
+        rec_in, ev_in = ([word_inputs(task.text_tokenizer, t, task.config.max_length) for t in texts]
+                         for task in self.tasks)
+        student_in = []
+        for t, (_, rh), (_, eh) in zip(texts, rec_in, ev_in):
+            ids, heads = word_inputs(student_tt, t, max_length)
+            student_in.append((ids, [h if min(h, r, e) >= 0 else -1 for h, r, e in zip(heads, rh, eh)]))
+        self.inputs = (student_in, rec_in, ev_in)
+
+    def tags(self, batch_size: int = 64, chunk: int = 4096) -> list[list[int | None]]:
+        """The recogniser's predicted tag of every selectable word (``None``: not selectable), ``chunk`` sentences at a
+        time (their outputs are not kept)."""
+        task, model = self.tasks[0], self.models[0]
+        tags = []
+        for start in range(0, len(self.inputs[0]), chunk):
+            logits = word_outputs(model, task.head_name, task.text_tokenizer, self.inputs[1][start:start + chunk],
+                                  batch_size)
+            tags += [[int(y[w].argmax()) if h >= 0 else None for w, h in enumerate(heads)]
+                     for (_, heads), y in zip(self.inputs[0][start:start + chunk], logits)]
+        return tags
+
+    def pairs(self, items: list[DistillPair], k: int) -> dict[str, Tensor]:
+        """:func:`pair_inputs` of ``items`` for model ``k`` (0: the student, 1: the recogniser, 2: the evaluator)."""
+        inputs = self.inputs[k]
+        return pair_inputs(self.tokenizers[k], [inputs[it.a][0] for it in items], [inputs[it.b][0] for it in items],
+                           [inputs[it.a][1][it.a_word] for it in items], [inputs[it.b][1][it.b_word] for it in items])
+
+    @torch.no_grad()
+    def collate(self, items: list[DistillPair]) -> dict[str, Tensor]:
+        """The student's batch of ``items`` with the teachers' outputs at its words, computed here (on the teachers'
+        device): ``teacher_probs`` ``[2B, C]`` (the first sentences, then the second ones), ``teacher_sim`` ``[B]``."""
+        batch = self.pairs(items, 0)
+        outputs = []
+        for k, (task, model) in enumerate(zip(self.tasks, self.models), 1):
+            inputs = {key: value.to(self.device) for key, value in self.pairs(items, k).items()}
+            output = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                           heads=[task.head_name])[task.head_name]
+            outputs.append(selected_rows(output, inputs["positions"]))
+        logits, vectors = outputs
+        batch["teacher_probs"] = logits.softmax(-1)
+        batch["teacher_sim"] = sigmoid_cosine(vectors[:len(items)], vectors[len(items):])
+        return batch
 
 
 def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target: str | os.PathLike, *,
@@ -304,10 +334,12 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
     import zhie
     from zhie.tasks.base import prepare_encoder, seeded
     from zhie.training import TrainConfig, is_main_process, train
+    from zhie.training.dist import local_device
 
     config = config or TrainConfig(lr=2e-5)
     config = dataclasses.replace(config, head_lr=config.lr * head_lr_ratio)
-    rec, ev = zhie.load(recognizer), zhie.load(evaluator)
+    device = local_device()  # under torchrun each process's own GPU
+    rec, ev = zhie.load(recognizer, device=str(device)), zhie.load(evaluator, device=str(device))
     if not (isinstance(rec.task, NerTask) and rec.task.config.words):
         raise ValueError(f"{recognizer} is not a word-level NER model; train the recogniser with "
                          "`zhie train ner --mode word --head softmax`")
@@ -319,28 +351,16 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
     enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode="subword", keep_tokens="all",
                                      layers=encoder_layers, seed=config.seed)
     student = NerTask(dataclasses.replace(rec.task.config), tokenizer)
-    inputs, probs, vectors = teacher_tables((rec.task, rec.model), (ev.task, ev.model), student.text_tokenizer, texts,
-                                            student.config.max_length)
-    tags = [[int(p[w].argmax()) if h >= 0 else None for w, h in enumerate(heads)]
-            for (_, heads), p in zip(inputs, probs)]
+    teachers = Teachers((rec.task, rec.model), (ev.task, ev.model), student.text_tokenizer, texts,
+                        student.config.max_length, device)
+    tags = teachers.tags()
     n_words = sum(t is not None for row in tags for t in row)
     chosen = sample_pairs(tags, pairs or n_words, balanced=balanced, seed=config.seed)
-    a = torch.stack([vectors[i][w] for (i, w), _, _ in chosen])
-    b = torch.stack([vectors[j][v] for _, (j, v), _ in chosen])
-    sims = sigmoid_cosine(a, b).tolist()
-    items = [DistillPair(inputs[i][0], inputs[i][1][w], inputs[j][0], inputs[j][1][v], probs[i][w], probs[j][v], s)
-             for ((i, w), (j, v), _), s in zip(chosen, sims)]
+    items = [DistillPair(i, w, j, v) for (i, w), (j, v), _ in chosen]
+    lengths = [max(len(teachers.inputs[0][it.a][0]), len(teachers.inputs[0][it.b][0])) for it in items]
     with seeded(config.seed):
         model = Model(enc, student.build_heads(enc.config.hidden_size))
     objective = MtmtObjective(student.head_name, loss_alpha, alpha, beta, gamma, similarity)
-
-    def collate(batch_items: list[DistillPair]) -> dict[str, Tensor]:
-        batch = pair_inputs(student.text_tokenizer, [it.a for it in batch_items], [it.b for it in batch_items],
-                            [it.a_word for it in batch_items], [it.b_word for it in batch_items])
-        batch["teacher_probs"] = torch.stack([it.teacher_a for it in batch_items]
-                                             + [it.teacher_b for it in batch_items])
-        batch["teacher_sim"] = torch.tensor([it.teacher_sim for it in batch_items], dtype=torch.float32)
-        return batch
 
     out = Path(out)
     summary = {"recognizer": str(recognizer), "evaluator": str(evaluator), "target": str(target), "dev": str(dev),
@@ -352,9 +372,9 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
         atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
         if progress:
             print(json.dumps(summary, ensure_ascii=False))
-    return train(model, items, collate=collate, loss_fn=objective, config=config, out_dir=out,
+    return train(model, items, collate=teachers.collate, loss_fn=objective, config=config, out_dir=out,
                  evaluate=Evaluator(student, dev_examples) if dev_examples is not None else None, metric="f1",
-                 save_best=student.save, lengths=[len(it.ids) for it in items], resume=resume, progress=progress)
+                 save_best=student.save, lengths=lengths, resume=resume, progress=progress)
 
 
 def add_distill_command(commands: argparse._SubParsersAction) -> None:

@@ -32,6 +32,10 @@ class TrainConfig:
     * ``ema``: the EMA decay; evaluation, the best model and (without evaluation) the final model use the averaged
       weights (:mod:`zhie.training.ema`).
 
+    ``find_unused_parameters`` is DDP's (several processes): a task whose steps leave some parameters without a
+    gradient sets it (:meth:`zhie.tasks.multitask.MultiTask.loop_config`); DDP then finds them after each forward pass
+    and leaves their gradients unset, as one process would (AdamW skips them), instead of failing at the next step.
+
     Watching a run (issue 26): ``log_every`` steps between step records (``metrics.jsonl``; None: about 100 per run,
     at least one every 50 steps), ``report_to`` the experiment trackers that get them (:mod:`zhie.training.tracking`).
     """
@@ -58,6 +62,7 @@ class TrainConfig:
     rdrop: float | None = None        # R-Drop alpha (taggers); None: off
     llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
     optimizer: str = "adamw"          # "adamw", or "lamb" (zhie.training.optim.Lamb: GAU-α's pre-training)
+    find_unused_parameters: bool = False  # DDP: some parameters may get no gradient on a step (sampled multi-task)
     log_every: int | None = None      # steps between step records; None -> total steps / 100, between 1 and 50
     report_to: tuple[str, ...] = ()   # experiment trackers: "tensorboard", "mlflow", "wandb"
 

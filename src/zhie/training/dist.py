@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["all_gather_objects", "all_gather_with_grad", "all_reduce_sum", "broadcast_object", "is_main_process",
-           "rank", "world_size"]
+           "local_device", "rank", "world_size"]
 
 
 def rank() -> int:
@@ -26,6 +26,14 @@ def world_size() -> int:
 
 def is_main_process() -> bool:
     return rank() == 0
+
+
+def local_device() -> torch.device:
+    """The device the training loop gives this process (accelerate's): the GPU of its ``LOCAL_RANK`` (0 without a
+    launcher), or the CPU without one. For models that serve the loop (distillation's teachers) on every process."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
 
 
 def broadcast_object(value: object) -> object:

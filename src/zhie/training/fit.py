@@ -16,8 +16,9 @@ from pathlib import Path
 
 from zhie import tasks
 from zhie.files import atomic_write_text
+from zhie.losses import TaskLoss
 from zhie.model import Model
-from zhie.tasks.base import Evaluator, Task, TaskLoss, prepare_encoder, seeded
+from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 
 from .config import TrainConfig
 from .dist import is_main_process

@@ -50,7 +50,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import set_seed
+from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -419,9 +419,10 @@ class _Session:
         self.p = progress
         run_name = job.output.checkpoint_path.parent.resolve().name  # the run directory's name ("demo")
         trackers = make_trackers(config.report_to, job.output.logging_dir, run_name, progress.step, progress.trackers)
+        ddp = DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)
         self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
                                        step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu",
-                                       log_with=trackers or None)
+                                       kwargs_handlers=[ddp], log_with=trackers or None)
         self.is_main, self.rank = self.accelerator.is_main_process, self.accelerator.process_index
         self.job, self.config, self.bare_model = job, config, model
         if job.data.steps_per_epoch is None and config.max_steps is None:
