@@ -239,7 +239,8 @@ def status(plan_path: Path, results: Path, directory: Path) -> str:
 
 
 def _progress(out: Path) -> str:
-    """How far an unfinished row's training got: its last evaluation and its sessions so far."""
+    """How far an unfinished row's training got: its last record (a step record or an evaluation's) and its sessions
+    so far."""
     parts = []
     metrics = sorted(out.rglob("metrics.jsonl"))
     if metrics:

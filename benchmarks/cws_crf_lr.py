@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 import zhie
 from zhie.data.cws import read_segmented, write_segmented
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 SXU = DATA / "cws" / "sxu"
 TAGS = ["S", "B", "M", "E"]
@@ -99,7 +100,7 @@ def main() -> None:
     options = {"crf_lr_multiplier": args.multiplier} if args.run == "crf" else {}
     result = zhie.fit("cws", train_file, SXU / "test.txt", out=out, encoder=args.encoder, head=args.run,
                       max_length=args.max_length, encoder_layers=args.layers, config=config, progress=False, **options)
-    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    history = read_metrics(out / "metrics.jsonl")
     row = {"run": name, "head": args.run, "multiplier": args.multiplier if args.run == "crf" else None,
            "encoder_layers": args.layers or "all", "lr": args.lr, "epochs": args.epochs,
            "train_sentences": args.train_limit or "all", "f1_epoch1": history[0]["dev"]["f1"],

@@ -36,6 +36,7 @@ import zhie
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.cws import read_segmented, write_segmented
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 SUITES = {
     "three": [
@@ -102,7 +103,7 @@ def train(task: str, out: Path, args, train_file=None, dev_file=None, **options)
     result = zhie.fit(task, train_file, dev_file, out=out, encoder=args.encoder, encoder_layers=args.encoder_layers,
                       keep_tokens="data", config=config, resume=True, progress=not args.quiet, **options)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(out / "metrics.jsonl")
     last = records[-1]
     return {"best": result["best"], "steps": result["steps"], "train_s_per_step": last["elapsed_s"] / args.steps,
             "run_wall_s": round(wall, 1), "run_cpu_s": round(cpu, 1), "record": last}

@@ -11,7 +11,6 @@ Datasets are read from ../shared/data; People's Daily is split here into a fixed
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -26,6 +25,7 @@ import zhie
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.precision import PRECISIONS
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 DATA = DATA / "ner"
 
@@ -82,7 +82,7 @@ def run(args) -> dict:
                       encoder_layers=args.encoder_layers, config=config,
                       resume=True, progress=not args.quiet)
     train_s = time.time() - start
-    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    history = read_metrics(out / "metrics.jsonl")
     dev_texts = [ex.text for ex in read_ner(dev_file)]
     row = {
         "dataset": args.dataset, "head": args.head, "encoder": args.encoder,

@@ -33,6 +33,7 @@ from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.spo import read_spo
 from zhie.pretrain import PretrainConfig, pretrain
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 SIZES = {
     "bert": "new:bert:layers=4,hidden=312,heads=12,intermediate=1248",
@@ -129,7 +130,7 @@ def cmd_finetune(args) -> None:
                           max_length=args.max_length, config=config, resume=False, progress=not args.quiet,
                           **options)
         cpu = time.process_time() - cpu
-        history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        history = read_metrics(out / "metrics.jsonl")
         elapsed = [h["elapsed_s"] for h in history]
         append_result("pretrain", stamp({
             "study": "finetune", "encoder": args.encoder, "unshared": args.unshare, "task": args.task,

@@ -29,6 +29,7 @@ from zhie.tasks.base import prepare_encoder, seeded
 from zhie.tasks.relation import RelationConfig, RelationTask
 from zhie.text import windows
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 CMEIE = DATA / "re" / "cmeie"
 HEADS = ("entity", "head_head", "tail_tail")
@@ -54,7 +55,7 @@ def train_run(args) -> dict:
     result = zhie.fit("re", CMEIE / "train.jsonl", CMEIE / "dev.jsonl", out=out, schema=CMEIE / "schema.json",
                       encoder=args.encoder, head=args.variant, max_length=args.max_length,
                       config=config, resume=True, progress=not args.quiet)
-    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    history = read_metrics(out / "metrics.jsonl")
     return {"run": "train", "variant": args.variant, "epochs": args.epochs, "batch_size": args.batch_size,
             "lr": args.lr, "head_lr": args.head_lr, "ema": args.ema, "max_length": args.max_length,
             **{f"dev_{k}": result["best"].get(k) for k in ("f1", "precision", "recall", "entity_f1")},

@@ -10,7 +10,6 @@ Data: ``$ZHIE_DATA/sts`` (default ../shared/data).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from datetime import date
@@ -25,6 +24,7 @@ from zhie.model import Model
 from zhie.tasks.base import prepare_encoder
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 
 def main() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
         result = zhie.fit("sts", train_file, valid_file, out=out, encoder=args.encoder, loss=args.loss,
                           pooling=args.pooling, max_length=args.max_length, config=config, resume=True,
                           progress=not args.quiet)
-        history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        history = read_metrics(out / "metrics.jsonl")
         row.update({"loss": args.loss, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                     "spearman": result["best"]["spearman"], "spearman_epoch1": history[0]["dev"]["spearman"],
                     "spearman_per_epoch": [h["dev"]["spearman"] for h in history],

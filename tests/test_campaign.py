@@ -24,6 +24,7 @@ import zhie
 from zhie import demo
 from zhie.data import write_ner_jsonl
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 n, out = int(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
@@ -36,7 +37,7 @@ if checkpoint.exists():
 config = TrainConfig(epochs=3, batch_size=4, lr=2e-3, seed=int(sys.argv[4]), save_every=1)
 result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder="tiny", head="gp",
                   max_length=32, config=config, resume=True, progress=False)
-history = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
+history = read_metrics(out / "run" / "metrics.jsonl")
 row = {"n": n, "best": result["best"], "steps": result["steps"], "losses": [h["train_loss"] for h in history]}
 results = Path(os.environ["ZHIE_RESULTS"])
 with (results / "tiny.jsonl").open("a") as f:

@@ -13,6 +13,7 @@ from zhie import card
 from zhie.cli import main
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 from . import tiny_models
 
@@ -95,7 +96,7 @@ def test_a_training_run_records_what_the_card_says_in_best(capsys):
     record = json.loads((best / card.RECORD_FILE).read_text(encoding="utf-8"))
     assert [(f["role"], f["bytes"], f["sha256"]) for f in record["data"]] == [
         (role, (data / f"{role}.jsonl").stat().st_size, _sha256(data / f"{role}.jsonl")) for role in ("train", "dev")]
-    history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    history = read_metrics(run / "metrics.jsonl")
     assert record["best"] == {k: history[-1][k] for k in ("step", "epoch", "elapsed_s")}  # one evaluation, the last
     assert record["run"]["steps"] == history[-1]["step"] and record["encoder"] == "tiny"
     assert record["train_config"]["epochs"] == 4 and record["options"]["head"] == "crf"

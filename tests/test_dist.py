@@ -31,6 +31,7 @@ from zhie.tasks.xner import XnerEvaluatorTask
 from zhie.training import epoch_batches
 from zhie.training.dist import local_device
 from zhie.training.loop import _process_batches
+from zhie.training.report import read_metrics
 
 from .conftest import DATA
 from .dist_worker import PAIRS, cosent_inputs
@@ -126,8 +127,9 @@ def test_only_the_main_process_writes(ner_runs):
     written = {Path(path).parts[0] for path in rank0["writes"] if path != "."}
     assert {"metrics.jsonl", "best"} <= written
     assert any(name.startswith(f".{file}.") for name in written for file in ("data_stats.json", "checkpoint.pt"))
-    metrics = (tmp / "run2" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in metrics] == rank0["summary"]["history"]  # one evaluation, logged once
+    assert read_metrics(tmp / "run2" / "metrics.jsonl") == rank0["summary"]["history"]  # one evaluation, logged once
+    steps = read_metrics(tmp / "run2" / "metrics.jsonl", kind="step")
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and steps == rank0["summary"]["step_records"]
     assert json.loads((tmp / "run2" / "data_stats.json").read_text(encoding="utf-8"))["examples"] == 64
 
 
@@ -174,8 +176,8 @@ def mlm_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(out / "model.safetensors") | {f"head.{k}": v for k, v in load_file(out / HEAD_FILE).items()}
 
 
-def records(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+def records(out: Path, kind: str = "eval") -> list[dict]:
+    return read_metrics(out / "metrics.jsonl", kind)
 
 
 @needs_gloo
@@ -189,6 +191,10 @@ def test_two_processes_pretrain_as_one_with_twice_the_batch(pretrain_runs):
         assert b["train_accuracy"] == pytest.approx(a["train_accuracy"], rel=1e-5)
         assert b["dev"]["predicted"] == a["dev"]["predicted"] > 0  # each held-out token counted once
         assert b["dev"] == pytest.approx(a["dev"], rel=1e-5)
+    steps = records(pretrain_runs["one"], "step"), records(pretrain_runs["two"], "step")
+    assert [r["step"] for r in steps[1]] == [r["step"] for r in steps[0]] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(*steps):  # the step records too, across the stop after step 4
+        assert (b["loss"], b["grad_norm"]) == pytest.approx((a["loss"], a["grad_norm"]), rel=1e-5)
     w1, w2 = mlm_weights(pretrain_runs["one"]), mlm_weights(pretrain_runs["two"])
     assert w1.keys() == w2.keys()
     for name in w1:

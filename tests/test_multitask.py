@@ -20,6 +20,7 @@ from zhie.model import Model
 from zhie.tasks.base import prepare_encoder, seeded
 from zhie.tasks.multitask import ConfigError, MultiTask, read_config
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 from .conftest import DATA
 from .tiny_models import multitask_config, write_multitask_data
@@ -143,7 +144,7 @@ def run(data_dir):
     out = data_dir / "run"
     assert main(["train", "multitask", "--config", str(data_dir / "mt.toml"), "--out", str(out), "--encoder", "tiny",
                  "--epochs", "10", "--batch-size", "16", "--lr", "3e-3", "--warmup", "0.05", "--seed", "0",
-                 "--eval-every", "20", "--quiet"]) == 0
+                 "--eval-every", "20", "--log-every", "4", "--quiet"]) == 0
     return out
 
 
@@ -189,7 +190,7 @@ def test_predict_runs_the_encoder_once_per_batch_for_every_member(run, data_dir)
 
 @needs_data
 def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run / "metrics.jsonl")
     rows = [row for r in records for row in r["per_batch"]]
     assert [row["batch"] for row in rows] == list(range(1, records[-1]["step"] + 1))
     for row in rows:  # real-time normalisation: α_i = 1 / L_i
@@ -198,6 +199,14 @@ def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
     assert set(records[-1]["task_losses"]) == {"ner", "seg"}
     assert records[-1]["dev"]["score"] == pytest.approx(
         (records[-1]["dev"]["ner/f1"] + records[-1]["dev"]["seg/f1"]) / 2)
+    steps, start = read_metrics(run / "metrics.jsonl", kind="step"), 0  # the means of each window of steps
+    assert [r["step"] for r in steps] == sorted({*range(4, records[-1]["step"] + 1, 4), records[-1]["step"]})
+    for record in steps:
+        window = [row for row in rows if start < row["batch"] <= record["step"]]
+        for key, name in (("task_losses", "losses"), ("task_weights", "weights")):
+            assert record[key] == pytest.approx({n: sum(r[name][n] for r in window) / len(window)
+                                                 for n in ("ner", "seg")}, rel=1e-6)
+        start = record["step"]
 
 
 # ------------------------------------------------------------------------------------------ sampling, MGDA-UB, paths
@@ -304,7 +313,7 @@ def test_sampled_training_takes_the_drawn_members_each_with_its_own_loss(made_up
     config = multitask_config(made_up, tmp_path, 'scheme = "equal"', sampling='mode = "proportional"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
              config=TrainConfig(max_steps=8, batch_size=4, lr=1e-3, seed=3), resume=False, progress=False)
-    (record,) = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    (record,) = read_metrics(tmp_path / "run/metrics.jsonl")
     rows = record["per_batch"]
     task, _, _ = built(config, seed=3)
     names = ["ner", "seg"]
@@ -381,8 +390,7 @@ def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(d
     config = _config(data_dir, tmp_path, "mgda", extra='gradients = "encoder-output"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
              config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
-    rows = [row for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
-            for row in json.loads(line)["per_batch"]]
+    rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 3 and all(sum(row["weights"].values()) == pytest.approx(1, abs=1e-5) for row in rows)
     assert zhie.load(tmp_path / "run").task.config.gradients == "encoder-output"
 

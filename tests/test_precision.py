@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -17,6 +16,7 @@ from zhie.cli import build_parser
 from zhie.heads import masking_value
 from zhie.tasks.base import model_inputs
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 TEXTS = [ex.text for ex in nested_corpus(30, seed=1)]  # sentences the tiny models learned
 
@@ -85,7 +85,7 @@ def test_zhie_train_in_bf16_learns(tmp_path):
                "3", "--batch-size", "16", "--lr", "2e-3", "--eval-every", "4", "--out", str(tmp_path / "run"),
                "--precision", "bf16", "--quiet"]
     subprocess.run(command, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     losses = [r["train_loss"] for r in records]
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
 

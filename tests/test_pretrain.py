@@ -18,6 +18,7 @@ from zhie.encoders.mlm import HEAD_FILE, IGNORE, load_head, mask_tokens
 from zhie.pretrain import PretrainConfig, collate, encode_lines, make_segmenter, pack, pretrain
 from zhie.text import TextTokenizer
 from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
 
 from .conftest import DATA
 
@@ -201,16 +202,20 @@ def _stable(history):
 @needs_corpus
 @pytest.mark.parametrize("encoder, optimizer", [(BERT, "adamw"), (GAU, "lamb")])
 def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path):
-    whole = _run(corpus, tmp_path / "whole", encoder, steps=8, optimizer=optimizer)
-    first = _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer, stop_after=5)
+    whole = _run(corpus, tmp_path / "whole", encoder, steps=8, optimizer=optimizer, log_every=3)
+    first = _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer, log_every=3, stop_after=5)
     assert first["step"] == 5
     with pytest.raises(ValueError, match="--resume"):
         _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer)
     with pytest.raises(ValueError, match="different run"):
         _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer, lr=2e-3, resume=True)
-    resumed = _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer, resume=True)
+    resumed = _run(corpus, tmp_path / "cut", encoder, steps=8, optimizer=optimizer, log_every=3, resume=True)
     assert resumed["step"] == 8 and resumed["tokens"] == whole["tokens"]
     assert _stable(resumed["history"]) == _stable(whole["history"])
+    records = [_stable(read_metrics(tmp_path / d / "metrics.jsonl", kind=None)) for d in ("whole", "cut")]
+    assert records[1] == records[0]  # the step record at 6 spans the stop after 5
+    assert [(r["kind"], r["step"]) for r in records[0] if r["kind"] == "step"] == [("step", 3), ("step", 6),
+                                                                                 ("step", 8)]
     a = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["model"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -254,6 +259,18 @@ def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_
     logged.clear()
     _run(corpus, tmp_path / "from-plain", str(plain), steps=1, log=logged.append)
     assert any("stores no MLM head" in line and "tied to the input embeddings" in line for line in logged)
+
+
+@needs_corpus
+def test_the_cli_logs_steps_and_the_trackers_write_beside_the_snapshot(corpus, tmp_path):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    assert main(["pretrain", "--corpus", str(corpus), "--encoder", BERT, "--out", str(out), "--steps", "3",
+                 "--batch-size", "4", "--max-length", "64", "--heldout", "20", "--shuffle-buffer", "16",
+                 "--log-every", "2", "--report-to", "tensorboard", "--quiet"]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl", kind="step")] == [2, 3]
+    assert list((tmp_path / "run-logs" / "tensorboard").glob("events.out.tfevents.*"))
+    assert not (out / "tensorboard").exists()  # out is replaced at every save
 
 
 @needs_corpus

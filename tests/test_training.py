@@ -1,7 +1,6 @@
 """The training loop on a tiny model: parameter groups, schedule, batching, EMA, learning, logging, early
 stopping, exact resume and atomic writes."""
 
-import json
 import random
 from collections import OrderedDict
 from pathlib import Path
@@ -22,6 +21,7 @@ from zhie.training import (
     load_checkpoint,
     train,
 )
+from zhie.training.report import read_metrics
 
 VOCAB, DIM, TAGS = 12, 16, 3
 
@@ -231,9 +231,9 @@ def test_toy_model_learns_logs_and_saves_best(tmp_path):
     assert result["best"]["f1"] > 0.95 and result["best"]["f1"] == max(h["dev"]["f1"] for h in history)
     assert result["best_step"] in [h["step"] for h in history]
 
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = read_metrics(tmp_path / "metrics.jsonl")
     assert lines == history
-    assert set(lines[0]) == {"epoch", "step", "train_loss", "lr", "tokens_per_s", "elapsed_s", "dev"}
+    assert set(lines[0]) == {"kind", "epoch", "step", "train_loss", "lr", "tokens_per_s", "elapsed_s", "dev"}
     assert [h["epoch"] for h in lines] == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert set(lines[0]["lr"]) == {"encoder", "encoder_no_decay", "head", "head_no_decay", "lr_x2"}
     assert lines[-1]["lr"]["encoder"] == 0.0 and lines[0]["lr"]["lr_x2"] == pytest.approx(
@@ -257,7 +257,7 @@ def test_without_evaluate_saves_final_model(tmp_path):
     assert len(calls) == 1 and result["best"] == {} and result["best_step"] == result["steps"] == 4
     assert all(torch.equal(v, model.state_dict()[k])
                for k, v in torch.load(tmp_path / "best" / "model.pt", weights_only=True).items())
-    assert json.loads((tmp_path / "metrics.jsonl").read_text())["dev"] == {}
+    assert read_metrics(tmp_path / "metrics.jsonl") == result["history"] and result["history"][0]["dev"] == {}
 
 
 def test_early_stopping(tmp_path):
@@ -271,7 +271,7 @@ def test_early_stopping(tmp_path):
 
 def test_interrupted_run_resumes_exactly(tmp_path):
     config = TrainConfig(epochs=3, batch_size=8, grad_accum=2, lr=1e-2, head_lr=3e-2, ema=0.9, save_every=3,
-                         eval_every=5, warmup=0.2)
+                         eval_every=5, warmup=0.2, log_every=4)  # the step record at 8 spans the checkpoint at 6
     model_a, result_a = run(tmp_path / "a", config, dropout=0.3)
 
     calls = 0
@@ -297,9 +297,11 @@ def test_interrupted_run_resumes_exactly(tmp_path):
     assert result_b["best"] == result_a["best"]
 
     def lines(d):
-        return untimed([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()])
+        return untimed(read_metrics(tmp_path / d / "metrics.jsonl", kind=None))
 
     assert lines("b") == lines("a")
+    assert [h["step"] for h in lines("a") if h["kind"] == "step"] == [4, 8, 12]
+    assert untimed(result_b["step_records"]) == untimed(result_a["step_records"])
     best_a, best_b = (torch.load(tmp_path / d / "best" / "model.pt", weights_only=True) for d in "ab")
     assert all(torch.equal(best_a[k], best_b[k]) for k in best_a)
     assert not all(torch.equal(best_a[k], state_a[k]) for k in best_a)  # the best model holds EMA weights
@@ -344,7 +346,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         run(out, TrainConfig(epochs=1, batch_size=8, lr=1e-2, save_every=1), evaluate=None, save_best=None)
     assert load_checkpoint(out / "checkpoint.pt")["progress"]["step"] == 2
-    assert [p.name for p in out.iterdir()] == ["checkpoint.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.jsonl"]  # the step records
 
 
 def test_best_dir_is_replaced_atomically(tmp_path):

@@ -63,6 +63,19 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
                         help="layer-wise lr decay: layer l of L learns at lr * DECAY^(L-l), the embeddings lowest")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _watch_flags(p, "--out")
+
+
+def _watch_flags(p: argparse.ArgumentParser, where: str) -> argparse.ArgumentParser:
+    """The engine's flags for watching a run (zhie.training.tracking), on every command that trains."""
+    g = p.add_argument_group("watching the run")
+    g.add_argument("--log-every", type=int, default=None, metavar="STEPS",
+                   help="steps between the step records of metrics.jsonl (mean loss, learning rates, gradient norm, "
+                        "tokens/s); default: about 100 per run, at least one every 50 steps")
+    g.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
+                   help=f"experiment trackers: tensorboard, mlflow, wandb (several allowed) or none; offline, in "
+                        f"{where} (install: pip install 'zhie[tensorboard]', 'zhie[mlflow]', 'zhie[wandb]')")
+    return p
 
 
 class _MixedPrecision(argparse.Action):
@@ -82,7 +95,8 @@ def _train_config(args):
                        warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
                        eval_every=args.eval_every, precision=args.precision,
                        adversarial=args.adversarial, adv_epsilon=args.adv_epsilon, adv_alpha=args.adv_alpha,
-                       adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd)
+                       adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd, log_every=args.log_every,
+                       report_to=args.report_to)
 
 
 TRAIN_HELP = "train a model"
@@ -134,7 +148,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     if command in (None, "pretrain"):
         from zhie import pretrain
 
-        pretrain.add_command(sub)
+        _watch_flags(pretrain.add_command(sub), "<out>-logs")
     else:
         sub.add_parser("pretrain", help=PRETRAIN_HELP)
 

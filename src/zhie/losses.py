@@ -214,6 +214,11 @@ class TaskLoss(torch.nn.Module):
         loss: each step's per-task losses and weights); called at each evaluation."""
         return {}
 
+    def step_log(self) -> dict:
+        """The same for each step record in ``metrics.jsonl`` (a multi-task loss: its members' mean losses and
+        weights since the last call)."""
+        return {}
+
 
 class SbertObjective(TaskLoss):
     """The Sentence-BERT objective of a similarity task with its classifier (trained with the model, not saved with

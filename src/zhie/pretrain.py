@@ -86,11 +86,18 @@ class PretrainConfig:
     heldout: int = 1000                 # the corpus's first non-blank lines, kept out of training
     shuffle_buffer: int = 2000          # sequences
     seed: int = 0
-    eval_every: int = 500               # steps between held-out evaluations (and log lines)
+    eval_every: int = 500               # steps between held-out evaluations
     save_every: int = 1000              # steps between snapshots of out (always at the end)
     precision: str = "auto"             # "auto" (bf16 autocast on CUDA GPUs that have it), "fp32", "bf16", "fp16"
+    log_every: int | None = None        # steps between step records (and log lines); None: steps / 100, 1 to 50
+    report_to: tuple[str, ...] = ()     # experiment trackers (zhie.training.tracking), writing in <out>-logs
 
     def __post_init__(self) -> None:
+        from zhie.training.tracking import check_trackers
+
+        self.report_to = check_trackers(self.report_to)
+        if self.log_every is not None and (not isinstance(self.log_every, int) or self.log_every < 1):
+            raise ValueError(f"log_every must be a positive integer or None, got {self.log_every!r}")
         for name in ("steps", "batch_size", "grad_accum", "shuffle_buffer", "eval_every", "save_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -123,12 +130,13 @@ class PretrainConfig:
         return TrainConfig(epochs=1, max_steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum,
                            lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup_for(model_type),
                            optimizer=self.optimizer, max_grad_norm=self.max_grad_norm, seed=self.seed,
-                           eval_every=self.eval_every, save_every=self.save_every, precision=precision)
+                           eval_every=self.eval_every, save_every=self.save_every, precision=precision,
+                           log_every=self.log_every, report_to=self.report_to)
 
 
 # The engine's settings that may differ when a run resumes: they change when evaluations and snapshots happen (and the
 # precision: a run may go on on another machine), not what is trained.
-_RESUMABLE_CHANGES = frozenset({"eval_every", "save_every", "precision"})
+_RESUMABLE_CHANGES = frozenset({"eval_every", "save_every", "precision", "log_every", "report_to"})
 # The settings of the data, which a resumed run must share (the engine compares the others).
 _DATA_SETTINGS = ("max_length", "mask", "mask_rate", "segmenter", "tokens", "keep_tokens", "heldout", "shuffle_buffer")
 
@@ -534,11 +542,13 @@ def held_out(texts: list[str], encode, masker: Masker, config: PretrainConfig, w
 
 class Snapshot:
     """The output directory, replaced as a whole at every save (:func:`zhie.files.replace_dir`): the encoder
-    directory, the MLM head, the checkpoint, the records, the summary and the plot of one moment."""
+    directory, the MLM head, the checkpoint, the records, the summary and the plot of one moment. The trackers write
+    beside it, in ``<out>-logs`` (their files are written as they go, never replaced)."""
 
     def __init__(self, out: Path, model: MaskedLM, tokenizer, summary: dict, say: Callable[[str], None]) -> None:
         self.out, self.model, self.tokenizer, self.summary, self.say = out, model, tokenizer, summary, say
         self.checkpoint_path = out / CHECKPOINT
+        self.logging_dir = out.with_name(f"{out.name}-logs")
 
     def start(self, resumed: bool, step: int, history: list[dict]) -> None:
         if resumed:
@@ -553,7 +563,8 @@ class Snapshot:
 
         progress = checkpoint["progress"]
         summary = self.summary | {"step": progress["step"], "tokens": checkpoint["data"]["tokens"],
-                                  "finished": progress["finished"], "last": history[-1] if history else None}
+                                  "finished": progress["finished"],
+                                  "last": next((r for r in reversed(history) if r["kind"] == "eval"), None)}
 
         def write(directory: Path) -> None:
             with encoders.quiet_transformers():
@@ -716,9 +727,10 @@ def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], in
     loss = MaskedLMLoss()
     meta = {"encoder": summary["encoder"], "corpus": summary["corpus"], "corpus_bytes": info.sizes,
             "data": {name: getattr(config, name) for name in _DATA_SETTINGS}}
+    hparams = {"encoder": summary["encoder"], "corpus": summary["corpus"], **asdict(config)}
     return Job(data=StreamBatches(stream, masker, config, world, rank), loss_fn=loss, output=output,
                evaluate=held_out(info.heldout, encode, masker, config, world, rank, precision), metric="accuracy",
-               train_log=loss.log, meta=meta, resumable=_RESUMABLE_CHANGES, name="pretrain")
+               train_log=loss.log, hparams=hparams, meta=meta, resumable=_RESUMABLE_CHANGES, name="pretrain")
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
@@ -749,7 +761,8 @@ def _mix(*numbers: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------------- CLI
 def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``zhie pretrain``; run it with :func:`cmd_pretrain`."""
+    """``zhie pretrain``; run it with :func:`cmd_pretrain` (:mod:`zhie.cli` adds the flags of every training command
+    that are the engine's: ``--log-every``, ``--report-to``)."""
     d = PretrainConfig()
     p = subparsers.add_parser("pretrain", help="masked-LM pre-training of an encoder on raw text (from scratch or "
                                                "continued)", description=__doc__.split("\n\n")[0])
@@ -779,7 +792,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                    help="char mode: prune the vocabulary (auto = cjk for vocabularies over 50k, as zhie train)")
     p.add_argument("--heldout", type=int, default=d.heldout, help="first N lines kept out for evaluation")
     p.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="sequences in the shuffle buffer")
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between held-out evaluations")
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--precision", default=d.precision, choices=["auto", *PRECISIONS],
@@ -803,7 +816,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                             segmenter=args.segmenter, tokens=args.tokens, keep_tokens=args.keep_tokens,
                             heldout=args.heldout,
                             shuffle_buffer=args.shuffle_buffer, eval_every=args.eval_every,
-                            save_every=args.save_every, seed=args.seed, precision=args.precision)
+                            save_every=args.save_every, seed=args.seed, precision=args.precision,
+                            log_every=args.log_every, report_to=args.report_to)
     result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=args.resume,
                       overwrite=args.overwrite, stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,

@@ -59,6 +59,7 @@ class MultiTaskLoss(TaskLoss):
         self.sums: Tensor | None = None
         self.rows: list[tuple[int, Tensor, Tensor, Tensor]] = []
         self.stride = 1
+        self.step_sums: Tensor | None = None  # the same sums since the last step record (step_log)
 
     @staticmethod
     def gradients(losses: Tensor, inputs: list[list[Tensor]]) -> Tensor:
@@ -113,6 +114,7 @@ class MultiTaskLoss(TaskLoss):
         self.batches += 1
         sums = torch.stack([losses, weights, present.float()])
         self.sums = sums if self.sums is None else self.sums.to(sums.device) + sums
+        self.step_sums = sums if self.step_sums is None else self.step_sums.to(sums.device) + sums
         if self.rows and self.rows[-1][0] % self.stride:
             self.rows.pop()  # kept only while it was the last batch
         self.rows.append((self.batches, losses, weights, present))
@@ -136,14 +138,25 @@ class MultiTaskLoss(TaskLoss):
                 "task_weights": {n: x / c if c else None for n, x, c in zip(self.names, weights, counts)},
                 "task_batches": {n: int(c) for n, c in zip(self.names, counts)}, "per_batch": rows}
 
+    def step_log(self) -> dict:
+        """``task_losses``, ``task_weights``: each member's means over its batches since the last call (the loop's
+        step records)."""
+        if self.step_sums is None:
+            return {}
+        losses, weights, counts = self.step_sums.tolist()
+        self.step_sums = None
+        return {key: {n: x / c for n, x, c in zip(self.names, sums, counts) if c}
+                for key, sums in (("task_losses", losses), ("task_weights", weights))}
+
     def get_extra_state(self) -> dict:
         """For checkpoints: the scheme's state (initial losses), the batch count, what :meth:`log` has not reported
         yet, and the task's count of drawn batches (the sampled members' sequence goes on from it)."""
         return {"scheme": self.scheme.state_dict(), "batches": self.batches, "draws": self.task.draws,
                 "sums": None if self.sums is None else self.sums.cpu(), "stride": self.stride,
+                "step_sums": None if self.step_sums is None else self.step_sums.cpu(),
                 "rows": [(b, losses.cpu(), weights.cpu(), present.cpu()) for b, losses, weights, present in self.rows]}
 
     def set_extra_state(self, state: dict) -> None:
         self.scheme.load_state_dict(state["scheme"])
         self.batches, self.task.draws, self.sums = state["batches"], state["draws"], state["sums"]
-        self.stride, self.rows = state["stride"], list(state["rows"])
+        self.stride, self.rows, self.step_sums = state["stride"], list(state["rows"]), state["step_sums"]

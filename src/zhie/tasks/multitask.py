@@ -45,7 +45,8 @@ combined loss's gradients are then averaged as usual, so a step applies the mean
 gradients. Every evaluation's record in ``metrics.jsonl`` has ``per_batch`` (each batch's ``losses`` and the
 ``weights`` applied, by member — the sampled member only, on sampled steps; past 100 batches since the last
 evaluation, those of every ``k``-th batch, ``k`` a power of 2, and of the last one), ``task_losses`` and
-``task_weights`` (their means over all the batches that had the member) and ``task_batches`` (how many had it).
+``task_weights`` (their means over all the batches that had the member) and ``task_batches`` (how many had it); every
+step record has ``task_losses`` and ``task_weights`` since the last step record (:mod:`zhie.multitask.objective`).
 
 ``gradients = "encoder-output"`` in ``[weighting]`` (gradient schemes): ``g_i`` is taken w.r.t. the encoder's output
 instead of its parameters — MGDA-UB's cheaper upper bound (spec §5.2; the n extra backward passes stop at the encoder's

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from zhie.precision import check_precision
 
+from .tracking import check_trackers
+
 __all__ = ["TrainConfig"]
 
 ADVERSARIAL = ("fgm", "pgd")
@@ -33,6 +35,9 @@ class TrainConfig:
     ``find_unused_parameters`` is DDP's (several processes): a task whose steps leave some parameters without a
     gradient sets it (:meth:`zhie.tasks.multitask.MultiTask.loop_config`); DDP then finds them after each forward pass
     and leaves their gradients unset, as one process would (AdamW skips them), instead of failing at the next step.
+
+    Watching a run (issue 26): ``log_every`` steps between step records (``metrics.jsonl``; None: about 100 per run,
+    at least one every 50 steps), ``report_to`` the experiment trackers that get them (:mod:`zhie.training.tracking`).
     """
 
     epochs: int = 3
@@ -58,6 +63,8 @@ class TrainConfig:
     llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
     optimizer: str = "adamw"          # "adamw", or "lamb" (zhie.training.optim.Lamb: GAU-α's pre-training)
     find_unused_parameters: bool = False  # DDP: some parameters may get no gradient on a step (sampled multi-task)
+    log_every: int | None = None      # steps between step records; None -> total steps / 100, between 1 and 50
+    report_to: tuple[str, ...] = ()   # experiment trackers: "tensorboard", "mlflow", "wandb"
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -71,7 +78,7 @@ class TrainConfig:
         positive("batch_size")
         positive("grad_accum")
         positive("adv_steps")
-        for name in ("max_steps", "patience", "eval_every", "save_every"):
+        for name in ("max_steps", "patience", "eval_every", "save_every", "log_every"):
             positive(name, allow_none=True)
         if self.lr < 0 or (self.head_lr is not None and self.head_lr < 0):
             raise ValueError(f"learning rates must be >= 0, got lr={self.lr}, head_lr={self.head_lr}")
@@ -96,3 +103,4 @@ class TrainConfig:
         if self.llrd is not None and not 0.0 < self.llrd <= 1.0:
             raise ValueError(f"TrainConfig.llrd is a decay in (0, 1] such as 0.9 (or None), got {self.llrd}")
         check_precision(self.precision)
+        self.report_to = check_trackers(self.report_to)

@@ -63,10 +63,10 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
                              f"{type(objective).__name__} (train it without --rdrop)")
         objective = RDropLoss(t, config.rdrop, model.heads[t.head_name])
     evaluator = Evaluator(t, dev_examples)
+    settings = {"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
+                "unshare_layers": unshare_layers, "format": format, **options}
     record = run_record(cls.data_files(train_path, dev_path, **options), encoder=str(encoder), config=config,
-                        options={"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
-                                 "unshare_layers": unshare_layers, "format": format, **options}) \
-        if is_main_process() else {}
+                        options=settings) if is_main_process() else {}
 
     def save_best(model: Model, directory: Path) -> None:  # the model just evaluated: its metrics are the last ones
         t.save(model, directory, record={**record, "saved": now(), "metric": t.metric, "dev": evaluator.last})
@@ -84,7 +84,9 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
                    evaluate=evaluator, metric=t.metric, save_best=save_best,
                    lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
-                   progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None)
+                   progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None,
+                   step_log=objective.step_log if isinstance(objective, TaskLoss) else None,
+                   hparams={"encoder": str(encoder), **data, **settings})
     if is_main_process():
         finish(out / "best", result, t.describe())
     return result

@@ -5,9 +5,20 @@ this process's batches of each step (:class:`ItemBatches` for a task's encoded i
 its evaluation and the metric to maximise, and its :class:`Output` (where records, checkpoints and the best model go:
 a task's :class:`RunDir`, pre-training's snapshot directory). The engine adds: parameter groups with their own learning
 rates, AdamW or LAMB with linear warm-up/decay, gradient accumulation and clipping, EMA weights, FGM/PGD, evaluation
-with best-model saving and early stopping, one record per evaluation (:meth:`_Session.log`: the one place where a
-record is logged), checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks,
-same weights), and session limits (``stop_after``, ``time_limit_s``) that end a session early with a checkpoint.
+with best-model saving and early stopping, records (:meth:`_Session.log`: the one place where a record is logged;
+to ``metrics.jsonl`` and the experiment trackers of ``config.report_to``, :mod:`zhie.training.tracking`),
+checkpoints from which an interrupted run resumes bit-exactly (same batches, same dropout masks, same weights, the
+same records), and session limits (``stop_after``, ``time_limit_s``) that end a session early with a checkpoint.
+
+Records, distinguished by ``kind``: a **step record** every ``config.log_every`` optimizer steps (and at the last
+one): ``{"kind": "step", "step", <position: "epoch" or "tokens">, "loss", "grad_norm", "tokens_per_s", "lr":
+{group: lr}, "elapsed_s"}`` plus the job's ``step_log()`` (a multi-task loss's ``task_losses`` and ``task_weights``),
+each a mean over the steps since the last step record, kept on the device (no host sync per step); and an
+**evaluation record** at each evaluation: ``{"kind": "eval", "step", <position>, "train_loss", "lr",
+"tokens_per_s", "elapsed_s", "dev": metrics}`` plus the job's ``train_log()``, its training numbers means since the
+last evaluation. Readers of ``metrics.jsonl`` that want one kind filter on it
+(:func:`zhie.training.report.read_metrics`).
+
 Device placement, mixed precision (``config.precision``: the encoder in bf16/fp16 under autocast, the heads and losses
 in fp32, see :class:`zhie.model.Model`) and DDP come from :mod:`accelerate`.
 
@@ -54,6 +65,7 @@ from .ema import EMA
 from .optim import build_optimizer, build_param_groups, build_scheduler, with_lr_multipliers
 from .rdrop import RDropLoss
 from .report import append_jsonl, jsonable, plot_history, write_jsonl
+from .tracking import PROJECT, flat_hparams, make_trackers, tracker_ids, tracker_values
 
 __all__ = ["Batches", "ItemBatches", "Job", "Output", "RunDir", "join_processes", "run", "train"]
 
@@ -63,7 +75,8 @@ PLOT = "training.png"
 BEST = "best"
 # 3: the model and its loss module under "model" and "loss_fn", the job's data position under "data", each process's
 # generators and running loss under "ranks".
-_CHECKPOINT_FORMAT = 3
+# 4: records with a "kind" (step records), the windows of the step records and the evaluations under "ranks".
+_CHECKPOINT_FORMAT = 4
 
 
 # ------------------------------------------------------------------------------------------------- what a job gives
@@ -88,12 +101,13 @@ class Output(Protocol):
     """Where a job's records, checkpoints and best model go; called on the main process only."""
 
     checkpoint_path: Path
+    logging_dir: Path  # where the experiment trackers write (zhie.training.tracking)
 
     def start(self, resumed: bool, step: int, history: list[dict]) -> None:
         """Before the first step (``resumed``: from the checkpoint, at ``step``, with the records of ``history``)."""
 
     def log(self, record: dict, history: list[dict]) -> None:
-        """After each evaluation: its record, the last of ``history``."""
+        """After each record (a step record or an evaluation's): ``record``, the last of ``history``."""
 
     def save(self, checkpoint: dict, history: list[dict]) -> None:
         """A resumable checkpoint (and whatever the job keeps with it)."""
@@ -108,7 +122,9 @@ class Job:
 
     ``evaluate(model) -> metrics`` runs in eval mode under ``torch.no_grad()`` with the EMA weights in place, on every
     process (module docstring); ``None``: no evaluation, and the final model is the one kept. ``train_log()``, called
-    at each evaluation on every process: what the loss recorded since the last one, added to the record.
+    at each evaluation on every process: what the loss recorded since the last one, added to the record;
+    ``step_log()``, the same at each step record (means since the last step record). ``hparams``: the run's settings
+    (its command's flags), logged to the trackers as hyper-parameters with the :class:`TrainConfig`.
     ``param_groups``: AdamW parameter groups; default :func:`build_param_groups` (parameters that a module tags with a
     learning-rate multiplier, the CRF transitions, are moved to groups of their own either way). ``meta``: the job's
     settings that a resumed run must share; ``resumable``: the :class:`TrainConfig` fields that may change when a run
@@ -121,10 +137,17 @@ class Job:
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None
     metric: str = "f1"
     train_log: Callable[[], dict] | None = None
+    step_log: Callable[[], dict] | None = None
+    hparams: dict = field(default_factory=dict)
     param_groups: list[dict] | None = None
     meta: dict = field(default_factory=dict)
     resumable: frozenset[str] = frozenset({"save_every"})
     name: str = "train"
+
+
+def log_interval(total_steps: int) -> int:
+    """The default steps between step records: at most 100 records in a run, and one every 50 steps at least."""
+    return min(50, math.ceil(total_steps / 100))
 
 
 def join_processes(cpu: bool = False) -> PartialState:
@@ -196,13 +219,18 @@ def _process_batches(batches: list[list[int]], batch_size: int, world: int, rank
 
 
 class RunDir:
-    """A task's run directory: ``checkpoint.pt`` (replaced atomically), ``metrics.jsonl`` (one record per
-    evaluation), ``training.png`` and ``best/`` (``save_best(model, directory)`` fills a temporary directory that then
-    replaces it)."""
+    """A task's run directory: ``checkpoint.pt`` (replaced atomically), ``metrics.jsonl`` (the step records and the
+    evaluations' records), ``training.png`` (drawn at each evaluation, and at a step record when the last drawing
+    is ``PLOT_EVERY_S`` old), ``best/`` (``save_best(model, directory)`` fills a temporary directory that then
+    replaces it) and the trackers' directories."""
+
+    PLOT_EVERY_S = 30.0
 
     def __init__(self, out_dir: Path, metric: str, save_best: Callable[[nn.Module, Path], None] | None) -> None:
         self.out_dir, self.metric, self.writer = Path(out_dir), metric, save_best
         self.checkpoint_path = self.out_dir / CHECKPOINT
+        self.logging_dir = self.out_dir
+        self.plotted = time.monotonic()
 
     def start(self, resumed: bool, step: int, history: list[dict]) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,7 +243,9 @@ class RunDir:
 
     def log(self, record: dict, history: list[dict]) -> None:
         append_jsonl(self.out_dir / METRICS, record)
-        plot_history(history, self.out_dir / PLOT, self.metric)
+        if record["kind"] == "eval" or time.monotonic() - self.plotted >= self.PLOT_EVERY_S:
+            plot_history(history, self.out_dir / PLOT, self.metric)
+            self.plotted = time.monotonic()
 
     def save(self, checkpoint: dict, history: list[dict]) -> None:
         atomic_torch_save(checkpoint, self.checkpoint_path)
@@ -241,6 +271,8 @@ def train(
     resume: bool = True,
     progress: bool = True,
     train_log: Callable[[], dict] | None = None,
+    step_log: Callable[[], dict] | None = None,
+    hparams: dict | None = None,
 ) -> dict:
     """Train ``model`` on a task's ``train_items`` (:class:`ItemBatches`) into the run directory ``out_dir``
     (:class:`RunDir`); returns :func:`run`'s summary.
@@ -255,7 +287,7 @@ def train(
         loss_fn: ``loss_fn(model, batch) -> scalar tensor``; ``batch`` is already on the device and ``model`` is the
             bare model (also under DDP). An ``nn.Module`` loss may hold weights of its own: they are trained,
             checkpointed and synchronised with the model's, and not saved with it.
-        evaluate, metric, param_groups, train_log: see :class:`Job`.
+        evaluate, metric, param_groups, train_log, step_log, hparams: see :class:`Job`.
         save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is empty).
         lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
         resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
@@ -268,7 +300,7 @@ def train(
     data = ItemBatches(train_items, collate, config, lengths=lengths, world=processes.num_processes,
                        rank=processes.process_index)
     job = Job(data=data, loss_fn=loss_fn, output=RunDir(out_dir, metric, save_best), evaluate=evaluate,
-              metric=metric, train_log=train_log, param_groups=param_groups,
+              metric=metric, train_log=train_log, step_log=step_log, hparams=hparams or {}, param_groups=param_groups,
               meta={"n_items": len(train_items), "grouped_by_length": lengths is not None})
     return run(model, job, config, resume=resume, progress=progress)
 
@@ -276,16 +308,17 @@ def train(
 # ----------------------------------------------------------------------------------------------------------- the engine
 def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True, progress: bool = True,
         stop_after: int | None = None, time_limit_s: float | None = None, cpu: bool = False) -> dict:
-    """Train ``model`` on ``job`` with ``config``; returns ``{"best", "best_step", "steps", "history", "finished"}``.
+    """Train ``model`` on ``job`` with ``config``; returns ``{"best", "best_step", "steps", "history", "step_records",
+    "finished"}`` (``history``: the evaluations' records; ``step_records``: the step records).
 
     ``resume``: continue from ``job.output.checkpoint_path`` if it exists (the same settings and data, or an error
     that lists the differences). ``stop_after`` (a step) and ``time_limit_s`` (seconds of this session) end the session
     early with a checkpoint (``finished`` is then False; the schedule still runs to the end of the run). ``cpu``:
     train on the CPU even where there is a GPU.
     """
-    session = _Session(model, job, config, cpu)
     path = job.output.checkpoint_path
     checkpoint = load_checkpoint(path) if resume and path.exists() else None
+    session = _Session(model, job, config, cpu, _Progress(**checkpoint["progress"]) if checkpoint else _Progress())
     if checkpoint is not None:
         session.restore(checkpoint, path)
     else:
@@ -293,12 +326,14 @@ def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True,
     if session.is_main:
         job.output.start(checkpoint is not None, session.p.step, session.p.history)
     try:
+        session.start_trackers()
         session.loop(progress, stop_after, time_limit_s)
     finally:
         session.close()
     p = session.p
-    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "history": p.history,
-            "finished": p.finished}
+    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step,
+            "history": [r for r in p.history if r["kind"] == "eval"],
+            "step_records": [r for r in p.history if r["kind"] == "step"], "finished": p.finished}
 
 
 class _Objective(nn.Module):
@@ -323,51 +358,55 @@ class _Progress:
     best_metrics: dict = field(default_factory=dict)
     best_step: int | None = None
     bad_evals: int = 0             # evaluations since the last improvement
-    history: list[dict] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)  # the records, both kinds
+    trackers: dict = field(default_factory=dict)       # the MLflow and W&B runs, to go on in them
     elapsed_s: float = 0.0         # wall time of the sessions before this one
     finished: bool = False
 
 
 class _Window:
-    """This process's training loss and throughput since the last evaluation (kept on the device: no sync per
-    batch); saved with each checkpoint, process by process."""
+    """This process's training loss, gradient norm and throughput since the window's last record, summed on the device
+    (no host sync per batch); saved with each checkpoint, process by process."""
 
     def __init__(self, device: torch.device) -> None:
-        self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        self.tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)  # loss, tokens, gradient norm, finite norms
         self.reset()
 
     def add(self, loss: Tensor, batch: dict) -> None:
-        self.loss_sum += loss.detach().double()
+        self.sums[0] += loss.detach().double()
         self.loss_count += 1
         mask = batch.get("attention_mask")
         if isinstance(mask, Tensor):
-            self.tokens += mask.sum()
+            self.sums[1] += mask.sum()
         else:
             self.count_tokens = False
 
+    def add_grad_norm(self, norm: Tensor) -> None:
+        """A step's gradient norm (an fp16 step that overflowed has none)."""
+        finite = torch.isfinite(norm)
+        self.sums[2:] += torch.stack([torch.where(finite, norm.double(), 0.0), finite.double()])
+
     def reset(self) -> None:
-        self.loss_sum.zero_()
+        self.sums.zero_()
         self.loss_count = 0
-        self.tokens.zero_()
         self.count_tokens = True
         self.seconds = 0.0
 
-    def mean_loss(self) -> float:
-        return self.loss_sum.item() / max(self.loss_count, 1)
-
-    def tokens_per_s(self, tokens: Tensor | None = None) -> float | None:
-        if not self.count_tokens or self.seconds <= 0:
-            return None
-        return (self.tokens if tokens is None else tokens).item() / self.seconds
+    def summary(self, accelerator: Accelerator) -> dict:
+        """The mean loss of the processes, the mean gradient norm and the tokens per second of all processes (one
+        collective)."""
+        mine = self.sums.clone()
+        mine[0] /= max(self.loss_count, 1)
+        loss, tokens, grad_norm, norms = accelerator.reduce(mine, "sum").tolist()
+        return {"loss": loss / accelerator.num_processes, "grad_norm": grad_norm / norms if norms else None,
+                "tokens_per_s": tokens / self.seconds if self.count_tokens and self.seconds > 0 else None}
 
     def state_dict(self) -> dict:
-        return {"loss_sum": self.loss_sum.item(), "loss_count": self.loss_count, "tokens": self.tokens.item(),
-                "count_tokens": self.count_tokens, "seconds": self.seconds}
+        return {"sums": self.sums.tolist(), "loss_count": self.loss_count, "count_tokens": self.count_tokens,
+                "seconds": self.seconds}
 
     def load_state_dict(self, state: dict) -> None:
-        self.loss_sum.fill_(state["loss_sum"])
-        self.tokens.fill_(state["tokens"])
+        self.sums.copy_(torch.tensor(state["sums"], dtype=torch.float64))
         self.loss_count, self.count_tokens, self.seconds = state["loss_count"], state["count_tokens"], state["seconds"]
 
 
@@ -375,12 +414,15 @@ class _Session:
     """One session of a run: the prepared model, optimizer and schedule, where training stands, and the steps of the
     loop (:meth:`loop`), in the order they happen."""
 
-    def __init__(self, model: nn.Module, job: Job, config: TrainConfig, cpu: bool) -> None:
+    def __init__(self, model: nn.Module, job: Job, config: TrainConfig, cpu: bool, progress: _Progress) -> None:
         processes = join_processes(cpu)
+        self.p = progress
+        run_name = job.output.checkpoint_path.parent.resolve().name  # the run directory's name ("demo")
+        trackers = make_trackers(config.report_to, job.output.logging_dir, run_name, progress.step, progress.trackers)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)
         self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
                                        step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu",
-                                       kwargs_handlers=[ddp])
+                                       kwargs_handlers=[ddp], log_with=trackers or None)
         self.is_main, self.rank = self.accelerator.is_main_process, self.accelerator.process_index
         self.job, self.config, self.bare_model = job, config, model
         if job.data.steps_per_epoch is None and config.max_steps is None:
@@ -388,6 +430,7 @@ class _Session:
         self.total_steps = config.max_steps
         if job.data.steps_per_epoch is not None:
             self.total_steps = min(job.data.steps_per_epoch * config.epochs, config.max_steps or math.inf)
+        self.log_every = config.log_every or log_interval(self.total_steps)
         objective = _Objective(model, job.loss_fn)
         optimizer = build_optimizer(_param_groups(objective, job.param_groups, config), config)
         scheduler = build_scheduler(optimizer, self.total_steps, config.warmup)
@@ -397,8 +440,8 @@ class _Session:
         self.adv_weight = embedding_weight(model) if config.adversarial is not None else None
         self.meta = {"format": _CHECKPOINT_FORMAT, "config": asdict(config),
                      "num_processes": self.accelerator.num_processes, **job.meta}
-        self.p = _Progress()
-        self.window = _Window(self.accelerator.device)
+        self.window = _Window(self.accelerator.device)       # since the last evaluation
+        self.step_window = _Window(self.accelerator.device)  # since the last step record
         self.session_start = time.perf_counter()
 
     # ---------------------------------------------------------------------------------------------- start and end
@@ -418,10 +461,22 @@ class _Session:
         mine = state["ranks"][self.rank]
         set_rng_state(mine["rng"])
         self.window.load_state_dict(mine["window"])
-        self.p = _Progress(**state["progress"])
+        self.step_window.load_state_dict(mine["step_window"])
+
+    def start_trackers(self) -> None:
+        """Start the trackers of ``config.report_to`` (their hyper-parameters: the config and the job's settings)."""
+        if not self.config.report_to:
+            return
+        if self.is_main:
+            self.job.output.logging_dir.mkdir(parents=True, exist_ok=True)
+        self.accelerator.init_trackers(PROJECT, config=flat_hparams({**asdict(self.config), **self.job.hparams}))
+        if self.is_main:
+            self.p.trackers = tracker_ids(self.accelerator.trackers)
 
     def close(self) -> None:
         self.accelerator.unwrap_model(self.model, keep_fp32_wrapper=False)  # undo accelerate's autocast wrapper
+        for tracker in self.accelerator.trackers:  # not end_training(): it would end the process group too
+            tracker.finish()
 
     def elapsed(self) -> float:
         return self.p.elapsed_s + time.perf_counter() - self.session_start
@@ -437,8 +492,8 @@ class _Session:
         try:
             while not p.finished:
                 self.step(data.draw(p.step))
-                self.show(bar)
                 last = p.step >= self.total_steps
+                self.show(bar, self.log_step() if last or p.step % self.log_every == 0 else None)
                 if last or (config.eval_every is None and data.epoch_end) or (
                         config.eval_every is not None and p.step % config.eval_every == 0):
                     last = self.evaluate_and_log() or last
@@ -471,15 +526,20 @@ class _Session:
                 if self.adv_weight is not None:
                     self.adversarial(batch, grad_before, 1.0 / len(batches))
             self.window.add(loss, batch)
-        if self.config.max_grad_norm is not None:
-            self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+            self.step_window.add(loss, batch)
+        # the norm is measured either way (clipping at infinity multiplies the gradients by exactly 1)
+        norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm or math.inf)
+        self.window.add_grad_norm(norm)
+        self.step_window.add_grad_norm(norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.ema is not None:
             self.ema.update(self.raw)
         self.p.step += 1
-        self.window.seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.window.seconds += seconds
+        self.step_window.seconds += seconds
 
     def adversarial(self, batch: dict, grad_before: Tensor | None, scale: float) -> None:
         """FGM / PGD after the clean backward of ``batch`` (:mod:`zhie.training.adversarial`)."""
@@ -497,12 +557,14 @@ class _Session:
             pgd_step(weight, grad, lambda: self.raw(batch), lambda: model(batch), backward, config.adv_epsilon,
                      config.adv_alpha, config.adv_steps)
 
-    def show(self, bar: tqdm) -> None:
+    def show(self, bar: tqdm, record: dict | None) -> None:
+        """The progress bar, with the numbers of the step ``record`` just logged, if any."""
         if bar.disable:
             return
-        tokens_per_s = self.window.tokens_per_s()
-        bar.set_postfix(loss=f"{self.window.mean_loss():.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                        **({"tok/s": f"{tokens_per_s:.0f}"} if tokens_per_s is not None else {}), refresh=False)
+        if record is not None:
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                            **({"tok/s": f"{record['tokens_per_s']:.0f}"} if record["tokens_per_s"] else {}),
+                            refresh=False)
         bar.update(self.p.step - bar.n)
 
     def session_ends(self, stop_after: int | None, time_limit_s: float | None) -> bool:
@@ -513,26 +575,34 @@ class _Session:
             broadcast_object(time.perf_counter() - self.session_start >= time_limit_s))
 
     # ------------------------------------------------------------------------------------------------ evaluation
+    def log_step(self) -> dict:
+        """Log a step record: the means since the last one (module docstring)."""
+        summary = self.step_window.summary(self.accelerator)
+        record = {"kind": "step", "step": self.p.step, **self.job.data.position(), **summary, "lr": self.lrs(),
+                  "elapsed_s": round(self.elapsed(), 3)}
+        if self.job.step_log is not None:
+            record.update(jsonable(self.job.step_log()))
+        self.step_window.reset()
+        self.log(record)
+        return record
+
     def evaluate_and_log(self) -> bool:
         """Evaluate, keep the best model, log the record; True when early stopping says stop."""
-        window, accelerator = self.window, self.accelerator
-        record = {
-            **self.job.data.position(),
-            "step": self.p.step,
-            "train_loss": accelerator.reduce(window.loss_sum / max(window.loss_count, 1), "mean").item(),
-            "lr": {g["name"]: g["lr"] for g in self.optimizer.param_groups},
-            "tokens_per_s": window.tokens_per_s(accelerator.reduce(window.tokens.clone(), "sum")),
-            "elapsed_s": round(self.elapsed(), 3),
-            "dev": {},
-        }
+        summary = self.window.summary(self.accelerator)
+        record = {"kind": "eval", **self.job.data.position(), "step": self.p.step, "train_loss": summary["loss"],
+                  "lr": self.lrs(), "tokens_per_s": summary["tokens_per_s"], "elapsed_s": round(self.elapsed(), 3),
+                  "dev": {}}
         if self.job.train_log is not None:
             record.update(jsonable(self.job.train_log()))
         if self.job.evaluate is not None:
             record["dev"] = self.evaluate()
             self.keep_if_best(record["dev"])
-        window.reset()
+        self.window.reset()
         self.log(record)
         return self.config.patience is not None and self.p.bad_evals >= self.config.patience
+
+    def lrs(self) -> dict[str, float]:
+        return {g["name"]: g["lr"] for g in self.optimizer.param_groups}
 
     def evaluate(self) -> dict:
         """``job.evaluate`` on every process (module docstring: no process waits for another's evaluation), with the
@@ -559,10 +629,13 @@ class _Session:
             p.bad_evals += 1
 
     def log(self, record: dict) -> None:
-        """The one place where a record is logged: into the history (saved in the checkpoint) and the job's output."""
+        """The one place where a record is logged: into the history (saved in the checkpoint), the job's output and
+        the trackers."""
         self.p.history.append(record)
         if self.is_main:
             self.job.output.log(record, self.p.history)
+            if self.accelerator.trackers:
+                self.accelerator.log(tracker_values(record), step=record["step"])
 
     # ----------------------------------------------------------------------------------------------------- saving
     def ema_weights(self):
@@ -577,7 +650,8 @@ class _Session:
     def save(self) -> None:
         """A checkpoint from which the run resumes exactly; each process's generators (its own stream of dropout
         masks) and running loss are gathered into it."""
-        ranks = all_gather_objects({"rng": rng_state(), "window": self.window.state_dict()})
+        ranks = all_gather_objects({"rng": rng_state(), "window": self.window.state_dict(),
+                                    "step_window": self.step_window.state_dict()})
         if not self.is_main:
             return
         loss_fn, scaler = self.job.loss_fn, self.accelerator.scaler
