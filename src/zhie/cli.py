@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from zhie import stream, tasks
+from zhie.core.files import atomic_write_text
 from zhie.data import FORMATS, DataError
-from zhie.files import atomic_write_text
 from zhie.precision import PRECISIONS
 
 

@@ -4,7 +4,7 @@ The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``inp
 (int64 ``[batch, length]``, both axes dynamic), one output per head tensor, in the order of
 :func:`output_layout` (a head whose output is a dataclass, GPLinker's :class:`~zhie.heads.RelationLogits`, gives
 one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own numpy decoders
-(:mod:`zhie.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
+(:mod:`zhie.core.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
 argmax for softmax, windows for long texts. :mod:`zhie.runtime` runs an export without torch.
 
 The export directory is a model directory without the encoder's weights: ``config.json``, the tokenizer files,
@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zhie.core.text import TextTokenizer
 from zhie.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
 from zhie.tasks.base import model_inputs, save_model_dir
-from zhie.text import TextTokenizer
 from zhie.version import __version__
 
 ENCODER_WEIGHTS = "model.safetensors"

@@ -22,9 +22,9 @@ from typing import TypeVar
 
 import numpy as np
 
+from zhie.core.files import atomic_write
 from zhie.data import DataError
 from zhie.data.base import decode_line, text_of_line
-from zhie.files import atomic_write
 from zhie.precision import PRECISIONS
 
 __all__ = ["TextReader", "add_prediction_flags", "chunks", "write_lines", "write_npy"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from zhie.decoding import POOLINGS
+from zhie.core.decoding import POOLINGS
 
 __all__ = ["POOLINGS", "Pooling"]
 

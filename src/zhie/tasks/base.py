@@ -4,8 +4,8 @@ A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:
 :func:`zhie.fit` and :func:`zhie.load` use it through that registry.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
-by :mod:`zhie.decoding`) so that an export predicts without torch (:mod:`zhie.runtime`); what trains (heads, losses,
-tensors) is imported where it is used.
+by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.runtime`); what trains (heads,
+losses, tensors) is imported where it is used.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from zhie import card
-from zhie.files import replace_dir
+from zhie.core import card
+from zhie.core.files import replace_dir
+from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
 from zhie.precision import autocast
-from zhie.text import Encoding, TextTokenizer, reporting_window, windows
 from zhie.version import __version__
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
     fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``),
     ``zhie.json`` (task, its configuration, model format, zhie version), what ``files(directory)`` writes,
     ``training.json`` (``record``: how a training run made the model, :mod:`zhie.training.record`) when given, and
-    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.card`).
+    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.core.card`).
     """
     from safetensors.torch import save_file
 
@@ -358,10 +358,10 @@ class Task:
         raise ValueError(f"the {self.name} task has no error report; leave out --errors")
 
     def describe(self) -> dict:
-        """What the model card (:mod:`zhie.card`) says of this task's model: ``summary`` (one line), ``pipeline_tag``
-        (the Hub's), ``metrics`` (their Hub names), ``labels`` (``{"title", "values"}`` or None) and ``limits``
-        (sentences); optionally ``language`` (the Hub's code; default ``"zh"``, None: not known); a multi-task model
-        adds ``members``, the name and ``describe()`` of each."""
+        """What the model card (:mod:`zhie.core.card`) says of this task's model: ``summary`` (one line),
+        ``pipeline_tag`` (the Hub's), ``metrics`` (their Hub names), ``labels`` (``{"title", "values"}`` or None) and
+        ``limits`` (sentences); optionally ``language`` (the Hub's code; default ``"zh"``, None: not known); a
+        multi-task model adds ``members``, the name and ``describe()`` of each."""
         return {"summary": self.help or f"the {self.name} task", "pipeline_tag": "token-classification",
                 "metrics": [self.metric], "labels": None, "limits": []}
 
@@ -522,7 +522,7 @@ Task.pipeline_class = Pipeline
 # ------------------------------------------------------------------------------------------------- windows
 class WindowedTask(Task):
     """What the span tasks share (config has ``mode``, ``max_length`` and ``overlap``): model inputs, windows over
-    long texts, and the rule that decides which window reports a hit (:func:`zhie.text.reporting_window`).
+    long texts, and the rule that decides which window reports a hit (:func:`zhie.core.text.reporting_window`).
 
     Subclasses implement ``decode(model, outputs, attention_mask) -> one list of hits per row``; a hit has
     ``extent``, its content tokens ``(start, end)`` (end exclusive) relative to its window.

@@ -15,10 +15,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from zhie.core.metrics import segmentation_prf
+from zhie.core.spans import Span
 from zhie.data import NerExample
 from zhie.data.cws import read_segmented
-from zhie.metrics import segmentation_prf
-from zhie.spans import Span
 from zhie.stream import write_lines
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, WindowedTask, add_text_command, only_auto_format
@@ -75,7 +75,7 @@ class SegmenterPipeline(Pipeline):
 
 @register
 class CwsTask(NerTask):
-    """Words of a text: ``predict`` returns, per text, the :class:`zhie.spans.Span` of each word (label ``""``),
+    """Words of a text: ``predict`` returns, per text, the :class:`zhie.core.spans.Span` of each word (label ``""``),
     a partition of the text."""
 
     name = "cws"

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zhie.core.decoding import POOLINGS, l2_normalize
+from zhie.core.metrics import spearman
 from zhie.data.sts import Pair, read_pairs
-from zhie.decoding import POOLINGS, l2_normalize
-from zhie.metrics import spearman
 from zhie.stream import write_lines, write_npy
 from zhie.tasks import register
 from zhie.tasks.base import (

@@ -1,6 +1,6 @@
 """Cross-lingual NER by multi-task, multi-teacher distillation (MTMT, ACL 2022; spec §10).
 
-Three models, all word-level (one prediction per word, on its first sub-word: :mod:`zhie.words`):
+Three models, all word-level (one prediction per word, on its first sub-word: :mod:`zhie.core.words`):
 
 * the **entity recogniser** (teacher 1) is an ordinary word-level NER model on the labelled source language:
   ``zhie train ner --mode word --head softmax`` (dropout -> linear -> softmax, CE on first sub-words, spec §10.2);
@@ -31,17 +31,17 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zhie.core.files import atomic_write_text
+from zhie.core.metrics import prf
+from zhie.core.text import TextTokenizer
+from zhie.core.words import word_heads, word_ranges, word_tags
 from zhie.data import FORMATS, NerExample, read_ner
 from zhie.data.base import read_texts
-from zhie.files import atomic_write_text
-from zhie.metrics import prf
 from zhie.model import Model
 from zhie.mtmt import bce, mtmt_loss, sample_pairs, sigmoid_cosine
 from zhie.tasks import register
 from zhie.tasks.base import Evaluator, Task, device_of, model_inputs, sorted_batches
 from zhie.tasks.ner import NerTask
-from zhie.text import TextTokenizer
-from zhie.words import word_heads, word_ranges, word_tags
 
 __all__ = ["XnerEvaluatorTask", "distill"]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zhie.spans import parse_tag
+from zhie.core.spans import parse_tag
 
 POOLINGS = ("cls", "mean", "first-last-avg")
 FORBIDDEN = -1e12  # the score of a forbidden transition, start or end tag; real path scores are << 1e12
