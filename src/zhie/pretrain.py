@@ -487,7 +487,7 @@ class MaskedLMLoss(nn.Module):
         self.tally = torch.zeros(2, dtype=torch.float64)  # correct, predicted (an attribute: DDP broadcasts buffers)
 
     def forward(self, model: MaskedLM, batch: dict[str, Tensor]) -> Tensor:
-        from zhie.training.dist import all_reduce_sum
+        from zhie.dist import all_reduce_sum
 
         output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         counts = torch.stack([output.correct, output.count]).double()
@@ -516,7 +516,7 @@ class HeldOut:
         self.batches, self.precision = batches, precision
 
     def __call__(self, model: MaskedLM) -> dict:
-        from zhie.training.dist import all_reduce_sum
+        from zhie.dist import all_reduce_sum
 
         device = next(model.parameters()).device
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, predicted: no sync per batch
@@ -822,7 +822,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                       overwrite=args.overwrite, stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,
                       progress=not args.quiet)
-    from zhie.training.dist import is_main_process
+    from zhie.dist import is_main_process
 
     if is_main_process():
         print(json.dumps({"out": result["out"], "step": result["step"], "tokens": result["tokens"],

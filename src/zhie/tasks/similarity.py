@@ -169,8 +169,8 @@ class SimilarityTask(Task):
     def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
         import torch.nn.functional as F
 
+        from zhie.dist import all_gather_with_grad
         from zhie.losses import cosent_loss, cosine_mse_loss
-        from zhie.training.dist import all_gather_with_grad
 
         c = self.config
         cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)

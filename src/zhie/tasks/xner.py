@@ -7,9 +7,9 @@ Three models, all word-level (one prediction per word, on its first sub-word: :m
 * the **similarity evaluator** (teacher 2) is the task ``xner-evaluator`` here: a Siamese encoder over two sentences
   each with one selected word; its prediction is ``σ(cos(e_1, e_2))`` of the two words' last hidden states (after
   dropout), trained with BCE against "the two words have the same BIO tag", on word pairs from
-  :func:`zhie.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
+  :func:`zhie.losses.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
 * the **student** (``zhie distill``, :func:`distill`): one fresh encoder + one linear head, trained on unlabelled
-  target-language pairs with :func:`zhie.mtmt.mtmt_loss`; it is saved as an ordinary word-level NER model
+  target-language pairs with :func:`zhie.losses.mtmt.mtmt_loss`; it is saved as an ordinary word-level NER model
   directory, so ``zhie predict``/``eval``/``serve`` take it as they are.
 
 The teachers run in eval mode (their outputs are fixed) on each process's own device: the recogniser once over the
@@ -37,8 +37,8 @@ from zhie.core.text import TextTokenizer
 from zhie.core.words import word_heads, word_ranges, word_tags
 from zhie.data import FORMATS, NerExample, read_ner
 from zhie.data.base import read_texts
+from zhie.losses.mtmt import bce, mtmt_loss, sample_pairs, sigmoid_cosine
 from zhie.model import Model
-from zhie.mtmt import bce, mtmt_loss, sample_pairs, sigmoid_cosine
 from zhie.tasks import register
 from zhie.tasks.base import Evaluator, Task, device_of, model_inputs, sorted_batches
 from zhie.tasks.ner import NerTask
@@ -230,7 +230,7 @@ class DistillPair:
 
 
 class MtmtObjective(nn.Module):
-    """``objective(model, batch)``: the student's loss (:func:`zhie.mtmt.mtmt_loss`) on a batch of pairs.
+    """``objective(model, batch)``: the student's loss (:func:`zhie.losses.mtmt.mtmt_loss`) on a batch of pairs.
 
     One encoder pass over the 2B sentences; at the selected words the head's dropout gives ``h`` (the official
     student's ``output``), its linear layer the logits, ``p^S = softmax(logits)`` and ``s^S = σ(cos(h_1, h_2))``.
@@ -325,16 +325,16 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
     directories (spec §10.3); the best student on ``dev`` (labelled target data, used only to pick the evaluation),
     or the last one without ``dev``, is an ordinary NER model directory in ``out/best``. Returns the loop's summary.
 
-    ``pairs`` word pairs (default: as many as the target has words) are drawn by :func:`zhie.mtmt.sample_pairs`,
+    ``pairs`` word pairs (default: as many as the target has words) are drawn by :func:`zhie.losses.mtmt.sample_pairs`,
     class-balanced on the recogniser's predicted tags unless ``balanced=False``. ``config`` is the loop's
     :class:`~zhie.training.TrainConfig`; the head learns at ``config.lr * head_lr_ratio`` (official: 1/1000).
     ``alpha``/``beta``/``gamma``/``similarity`` switch the weights and the similarity task (ablations; all four off
     is single-teacher distillation, TSL).
     """
     import zhie
+    from zhie.dist import local_device
     from zhie.tasks.base import prepare_encoder, seeded
     from zhie.training import TrainConfig, is_main_process, train
-    from zhie.training.dist import local_device
 
     config = config or TrainConfig(lr=2e-5)
     config = dataclasses.replace(config, head_lr=config.lr * head_lr_ratio)

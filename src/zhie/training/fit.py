@@ -16,12 +16,12 @@ from pathlib import Path
 
 from zhie import tasks
 from zhie.core.files import atomic_write_text
+from zhie.dist import is_main_process
 from zhie.losses import TaskLoss
 from zhie.model import Model
 from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 
 from .config import TrainConfig
-from .dist import is_main_process
 from .loop import train
 from .rdrop import RDropLoss
 from .record import finish, now, run_record

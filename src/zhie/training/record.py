@@ -46,7 +46,7 @@ def machine() -> dict:
     import torch
     import transformers
 
-    from .dist import world_size
+    from zhie.dist import world_size
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
         else []
