@@ -21,8 +21,8 @@ from common import DATA, append_result, machine, machine_lock
 
 import zhie
 from zhie.data import read_ner
-from zhie.export import export
-from zhie.runtime import load_export
+from zhie.deploy.export import export
+from zhie.deploy.runtime import load_export
 from zhie.training import TrainConfig
 
 CLUENER = DATA / "ner" / "cluener"

@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from zhie import stream, tasks
+from zhie import tasks
 from zhie.core.files import atomic_write_text
 from zhie.data import FORMATS, DataError
+from zhie.deploy import stream
 from zhie.precision import PRECISIONS
 
 
@@ -229,7 +230,7 @@ def cmd_eval(args) -> None:
         pipe = pipe.member(args.task)
     examples = pipe.task.read(args.data, args.format)
     if args.errors:
-        from zhie import error_report
+        from zhie.deploy import error_report
 
         metrics, errors = error_report.evaluate(pipe, examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
         error_report.write(args.errors, errors)
@@ -244,11 +245,11 @@ def cmd_eval(args) -> None:
 
 def cmd_predict(args) -> None:
     """``zhie predict``: JSON lines ``{"text", OUTPUT_KEY}`` in input order, streamed chunk by chunk
-    (:mod:`zhie.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.ray_predict`)."""
+    (:mod:`zhie.deploy.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
     import zhie
 
     if args.ray:
-        ray_predict = _extra("zhie.ray_predict", "ray")
+        ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
@@ -270,7 +271,7 @@ def prediction_lines(pipe, texts: list[str], batch_size: int = 32, max_tokens: i
 
 def cmd_task_command(args) -> None:
     """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the handler on
-    the input's chunks (:mod:`zhie.stream`)."""
+    the input's chunks (:mod:`zhie.deploy.stream`)."""
     import zhie
 
     cls, handler = args.task_command
@@ -318,7 +319,7 @@ def _extra(module: str, extra: str):
 
 
 def cmd_serve(args) -> None:
-    serve = _extra("zhie.serve", "serve")
+    serve = _extra("zhie.deploy.serve", "serve")
     limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
     batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
                               max_queue=args.max_queue, timeout=args.timeout or None)
@@ -328,7 +329,7 @@ def cmd_serve(args) -> None:
 
 
 def cmd_export(args) -> None:
-    export = _extra("zhie.export", "export")
+    export = _extra("zhie.deploy.export", "export")
     for module in ("onnxruntime", "onnxscript"):  # onnxscript: torch.onnx.export(dynamo=True) needs it
         _extra(module, "export")
     out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize)

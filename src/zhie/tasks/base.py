@@ -4,7 +4,7 @@ A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:
 :func:`zhie.fit` and :func:`zhie.load` use it through that registry.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
-by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.runtime`); what trains (heads,
+by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.deploy.runtime`); what trains (heads,
 losses, tensors) is imported where it is used.
 """
 
@@ -352,9 +352,9 @@ class Task:
 
     def errors(self, example, prediction) -> list[dict]:
         """What ``prediction`` gets wrong against the labelled ``example`` (``zhie eval --errors``,
-        :mod:`zhie.error_report`): one JSON-able dict per error with ``kind``, character offsets ``start`` and ``end``
-        (exclusive), and ``gold`` and ``predicted`` (strings, or None where that side has nothing), which the report
-        counts as confusions."""
+        :mod:`zhie.deploy.error_report`): one JSON-able dict per error with ``kind``, character offsets ``start`` and
+        ``end`` (exclusive), and ``gold`` and ``predicted`` (strings, or None where that side has nothing), which the
+        report counts as confusions."""
         raise ValueError(f"the {self.name} task has no error report; leave out --errors")
 
     def describe(self) -> dict:
@@ -433,8 +433,8 @@ def add_text_command(commands: argparse._SubParsersAction, task: type[Task], nam
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
     checks that it is a ``task`` model and calls ``handler(pipeline, chunks, args)`` with the input's texts in lists
     of ``--chunk-lines`` (read lazily: the handler writes each chunk's results before the next is read).
-    ``flags``: keywords of :func:`zhie.stream.add_prediction_flags` (``output_help``)."""
-    from zhie.stream import add_prediction_flags
+    ``flags``: keywords of :func:`zhie.deploy.stream.add_prediction_flags` (``output_help``)."""
+    from zhie.deploy.stream import add_prediction_flags
 
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
@@ -478,7 +478,7 @@ class Pipeline:
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``): the encoder's precision in ``predict`` and ``evaluate``
     (:mod:`zhie.precision`; decoding stays fp32). ``model``: a :class:`zhie.model.Model`, or an export's
-    :class:`zhie.runtime.OnnxModel` (CPU, fp32).
+    :class:`zhie.deploy.runtime.OnnxModel` (CPU, fp32).
     """
 
     def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:

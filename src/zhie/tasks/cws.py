@@ -19,7 +19,7 @@ from zhie.core.metrics import segmentation_prf
 from zhie.core.spans import Span
 from zhie.data import NerExample
 from zhie.data.cws import read_segmented
-from zhie.stream import write_lines
+from zhie.deploy.stream import write_lines
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, WindowedTask, add_text_command, only_auto_format
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask

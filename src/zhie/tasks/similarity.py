@@ -27,7 +27,7 @@ import numpy as np
 from zhie.core.decoding import POOLINGS, l2_normalize
 from zhie.core.metrics import spearman
 from zhie.data.sts import Pair, read_pairs
-from zhie.stream import write_lines, write_npy
+from zhie.deploy.stream import write_lines, write_npy
 from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,

@@ -5,7 +5,7 @@ The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``inp
 :func:`output_layout` (a head whose output is a dataclass, GPLinker's :class:`~zhie.heads.RelationLogits`, gives
 one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own numpy decoders
 (:mod:`zhie.core.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
-argmax for softmax, windows for long texts. :mod:`zhie.runtime` runs an export without torch.
+argmax for softmax, windows for long texts. :mod:`zhie.deploy.runtime` runs an export without torch.
 
 The export directory is a model directory without the encoder's weights: ``config.json``, the tokenizer files,
 ``zhie.json``, ``head.safetensors`` (the heads' weights: decoding reads the CRF's transitions there; the BIO/BMES
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from zhie.core.text import TextTokenizer
-from zhie.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
+from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
 from zhie.tasks.base import model_inputs, save_model_dir
 from zhie.version import __version__
 
@@ -98,12 +98,12 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     """
     import onnxruntime as ort
 
-    import zhie
+    from zhie.deploy.pipeline import load
     from zhie.tasks.base import WindowedTask
 
     if quantize not in (None, "int8"):
         raise ValueError(f"unknown quantisation {quantize!r}; use int8 (or none)")
-    pipe = zhie.load(model_dir, device="cpu")
+    pipe = load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
         raise ValueError(f"zhie export knows span tasks and sentence encoders; {task.name} is neither")

@@ -1,4 +1,5 @@
-"""Run an export directory (:mod:`zhie.export`) on onnxruntime, without torch: ``zhie.load(EXPORT_DIR).predict(texts)``.
+"""Run an export directory (:mod:`zhie.deploy.export`) on onnxruntime, without torch:
+``zhie.load(EXPORT_DIR).predict(texts)``.
 
 What runs: the tokenizer from ``tokenizer.json`` (the ``tokenizers`` library, :class:`zhie.core.text.FastTokenizer`),
 the task's own code (windows, :mod:`zhie.core.decoding`'s numpy decoders, offsets), and the graph in an onnxruntime
