@@ -101,7 +101,8 @@ def _train_config(args):
 
 
 TRAIN_HELP = "train a model"
-PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"  # zhie.pretrain's
+# zhie.training.pretrain's
+PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -147,7 +148,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     _task_commands(sub, command)
     if command in (None, "pretrain"):
-        from zhie import pretrain
+        from zhie.training import pretrain
 
         _watch_flags(pretrain.add_command(sub), "<out>-logs")
     else:
@@ -338,7 +339,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
-    from zhie import pretrain
+    from zhie.training import pretrain
 
     pretrain.cmd_pretrain(args)
 

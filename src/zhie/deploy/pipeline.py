@@ -11,7 +11,7 @@ import os
 
 from zhie import tasks
 from zhie.deploy.runtime import EXPORT_FILE
-from zhie.tasks.base import Pipeline, read_meta, resolve_model_dir
+from zhie.tasks.base import Pipeline, load_pipeline, read_meta, resolve_model_dir
 
 __all__ = ["Pipeline", "load"]
 
@@ -34,5 +34,4 @@ def load(path: str | os.PathLike, device: str | None = None, precision: str = "f
 
         task, model = load_export(resolve_model_dir(path))
         return cls.pipeline_class(task, model, "cpu")
-    task, model = cls.load(path)
-    return cls.pipeline_class(task, model, device, precision)
+    return load_pipeline(path, device, precision)

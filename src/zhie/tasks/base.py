@@ -519,6 +519,17 @@ class Pipeline:
 Task.pipeline_class = Pipeline
 
 
+def load_pipeline(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:
+    """The pipeline of the model directory ``path`` (written by ``zhie train``, or its run directory), its task found
+    in the registry by ``zhie.json``: torch models only (:func:`zhie.load`, :func:`zhie.deploy.pipeline.load`, also
+    load exports). For what trains from a saved model (a pre-training segmenter, distillation's teachers)."""
+    from zhie import tasks
+
+    cls = tasks.get(str(read_meta(path).get("task")))
+    task, model = cls.load(path)
+    return cls.pipeline_class(task, model, device, precision)
+
+
 # ------------------------------------------------------------------------------------------------- windows
 class WindowedTask(Task):
     """What the span tasks share (config has ``mode``, ``max_length`` and ``overlap``): model inputs, windows over

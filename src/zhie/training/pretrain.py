@@ -234,9 +234,9 @@ def make_segmenter(name: str) -> Callable[[list[str]], list[list[str]]]:
         jieba.setLogLevel(60)
         return lambda texts: [jieba.lcut(t) for t in texts]
     if Path(name).is_dir():
-        import zhie
+        from zhie.tasks.base import load_pipeline
 
-        pipe = zhie.load(name)
+        pipe = load_pipeline(name)
         if pipe.task.name != "cws":
             raise ValueError(f"--segmenter {name}: a {pipe.task.name!r} model; a segmenter is a cws model")
         return lambda texts: pipe.segment(texts, batch_size=64)
