@@ -24,8 +24,9 @@ from zhie.heads.tagger import IGNORE
 from zhie.losses.mtmt import bce, mtmt_loss, mtmt_weights, sample_pairs
 from zhie.model import Model
 from zhie.tasks.ner import NerConfig, NerTask
-from zhie.tasks.xner import distill, word_inputs, word_outputs
+from zhie.tasks.xner import word_inputs, word_outputs
 from zhie.training import TrainConfig
+from zhie.training.distill import distill
 
 PER = ["Anna", "Berta", "Carlo", "Dieter", "Emil", "Frieda", "Gustav", "Hanna"]
 LOC = ["Berlin", "Paris", "Rom", "Wien", "Oslo", "Prag"]

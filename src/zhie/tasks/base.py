@@ -25,7 +25,7 @@ import numpy as np
 from zhie.core import card
 from zhie.core.files import replace_dir
 from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
-from zhie.precision import autocast
+from zhie.precision import PRECISIONS, autocast
 from zhie.version import __version__
 
 if TYPE_CHECKING:
@@ -367,7 +367,8 @@ class Task:
 
     @classmethod
     def add_commands(cls, commands: argparse._SubParsersAction) -> None:
-        """Commands of the task's own (``zhie segment``, ``zhie embed``); each sets ``handler=function(args)``."""
+        """Commands of the task's own (``zhie segment``, ``zhie embed``): a command over texts with
+        :func:`add_text_command`, any other one setting ``handler=function(args)``."""
 
     def prior_loss(self, items: list, batch_size: int) -> float:
         """The loss of a model that knows only the labels' statistics, on the training ``items`` in batches of
@@ -428,19 +429,53 @@ def only_auto_format(format: str, what: str) -> None:
         raise ValueError(f"--format {format} does not apply to {what}; leave it out")
 
 
+# ------------------------------------------------------------------------------------------------- commands over texts
+CHUNK_LINES = 4096
+
+
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
                      batch_size: int = 32, **flags) -> argparse.ArgumentParser:
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
-    checks that it is a ``task`` model and calls ``handler(pipeline, chunks, args)`` with the input's texts in lists
-    of ``--chunk-lines`` (read lazily: the handler writes each chunk's results before the next is read).
-    ``flags``: keywords of :func:`zhie.deploy.stream.add_prediction_flags` (``output_help``)."""
-    from zhie.deploy.stream import add_prediction_flags
-
+    checks that it is a ``task`` model, reads the input lazily in chunks of ``--chunk-lines`` texts and writes
+    ``handler(pipeline, texts, args)`` of each chunk before it reads the next (:mod:`zhie.deploy.stream`): a list of
+    lines, or a float32 matrix whose rows go to the ``.npy`` file of ``--output``. ``flags``: keywords of
+    :func:`add_prediction_flags` (``output_help``)."""
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(p, batch_size, **flags)
     p.set_defaults(task_command=(task, handler))
     return p
+
+
+def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32,
+                         output_help: str = "write the JSON lines to this file (all or nothing) instead of stdout"
+                         ) -> None:
+    """The input, output and batching flags that ``zhie predict``, ``segment`` and ``embed`` share."""
+    p.add_argument("texts", nargs="*", help="texts to process (or use --input)")
+    p.add_argument("--input", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="one text per line, or JSON lines with a 'text' field; - reads stdin; read as a stream")
+    p.add_argument("--output", default=None, metavar="FILE", help=output_help)
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip lines that are not UTF-8 or JSON without a string 'text' (their count goes to stderr)")
+    p.add_argument("--chunk-lines", type=positive_int, default=CHUNK_LINES,
+                   help="texts read, sorted by length and written per chunk (memory is bounded by this)")
+    p.add_argument("--batch-size", type=positive_int, default=batch_size, help="texts (windows) per model batch")
+    add_batching_flags(p)
+
+
+def add_batching_flags(p: argparse.ArgumentParser) -> None:
+    """``--max-tokens`` and ``--precision`` (also ``zhie eval``'s)."""
+    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                   help="batches of at most N padded tokens over length-sorted texts instead of --batch-size texts")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
 
 
 def rename_weights(weights: dict[str, Tensor], renames: dict[str, str | None]) -> dict[str, Tensor]:
