@@ -35,7 +35,8 @@ def timed(args: list[str]) -> float:
 def imports_torch(args: list[str]) -> bool:
     done = subprocess.run([sys.executable, "-X", "importtime", *ZHIE[1:], *args], check=True, capture_output=True,
                           text=True)
-    return any(line.rstrip().endswith("| torch") for line in done.stderr.splitlines())
+    # -X importtime lines: "import time: self | cumulative | <indent by nesting>package"
+    return any(line.split("|")[-1].strip() == "torch" for line in done.stderr.splitlines())
 
 
 def main() -> None:

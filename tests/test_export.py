@@ -1,6 +1,8 @@
 """zhie export and the onnxruntime runtime: the graph's logits equal torch's (tolerance :data:`LOGIT_TOLERANCE`, the
 largest difference printed) and the predictions are the same, with windows, nested spans and empty texts, for every
-NER head, GPLinker, segmentation, sentence embeddings and a multi-task model; int8 against an accuracy floor."""
+NER head, GPLinker, segmentation, sentence embeddings and a multi-task model; int8 against an accuracy floor, and its
+variants (per-channel, 7-bit weights, weights kept fp32, static calibration): what they quantise and what they
+predict."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxs
 import zhie  # noqa: E402
 from tests.tiny_models import nested_corpus, relation_corpus, trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.deploy.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference  # noqa: E402
+from zhie.deploy.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference, weight_names  # noqa: E402
 from zhie.deploy.runtime import OnnxModel  # noqa: E402
 
 LOGIT_TOLERANCE = 1e-4  # fp32 graph vs torch, on unmasked cells (measured: about 1e-5 on these tiny models)
@@ -26,6 +28,16 @@ SCORE_TOLERANCE = 1e-4
 LONG = "".join(ex.text + r["text"] for ex, r in zip(nested_corpus(8, seed=11), relation_corpus(8, seed=12)))
 TEXTS = [LONG, "吕洋琼在清宁县银行工作。", "", "   ", "好", "蔡涛勇毕业于新平省基金会，住在湖南区。",
          "王伟毕业于远华大学，远华大学位于临江县。"]
+# int8's largest logit difference to torch on the check texts (logits span -25..14). Measured on an AVX2 CPU (no VNNI):
+# 0.62-0.98 per tensor, 2.2 per channel (onnxruntime's u8s8 kernels saturate there: per-channel weights fill the int8
+# range), 0.12-0.38 with 7-bit weights (reduce_range), static or dynamic. A VNNI CPU saturates nothing: less.
+INT8_TOLERANCE, REDUCED_RANGE_TOLERANCE = 3.0, 0.6
+TRAIN_TEXTS = [ex.text for ex in nested_corpus(240, seed=1)][:64]  # the ner-gp model's first training texts
+INT8_VARIANTS = {"per-channel": {"per_channel": True},
+                 "per-channel-reduce-range": {"per_channel": True, "reduce_range": True},
+                 "keep-embeddings": {"keep_fp32": ("embeddings",)},
+                 "keep-last-layer": {"keep_fp32": ("layer.1.",)},  # the tiny encoder has two layers
+                 "static": {"calibration": TRAIN_TEXTS}}
 KINDS = ["ner-gp", "ner-egp", "ner-crf", "ner-softmax", "re", "cws", "similarity", "multitask"]
 
 
@@ -132,3 +144,140 @@ def test_export_errors(tmp_path, capsys):
     with pytest.raises(ValueError, match="CPU"):
         zhie.load(export(source, tmp_path / "z"), device="cuda")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+@pytest.fixture(scope="module")
+def int8_export(tmp_path_factory):
+    """``int8_export(variant)``: the ner-gp model exported with that :data:`INT8_VARIANTS` entry (once each)."""
+    done = {}
+
+    def get(variant: str):
+        if variant not in done:
+            out = tmp_path_factory.mktemp("int8") / variant
+            done[variant] = export(trained("ner-gp"), out, quantize="int8", **INT8_VARIANTS[variant])
+        return done[variant]
+    return get
+
+
+def graph_of(out):
+    import onnx
+
+    return onnx.load(str(out / "model.onnx")).graph
+
+
+def fp32_weights_left(graph) -> list[str]:
+    """The weights that matrix products and Gathers still read as floats (:func:`zhie.deploy.export.weight_names`)."""
+    return sorted({name for weights in weight_names(graph).values() for name in weights.values()})
+
+
+def scale_sizes(graph) -> list[int]:
+    """The number of elements of each quantisation scale of the graph."""
+    return [int(np.prod(i.dims)) for i in graph.initializer if i.name.endswith("_scale")]
+
+
+@pytest.mark.parametrize("variant", list(INT8_VARIANTS))
+def test_int8_variants_predict_what_fp32_predicts(variant, int8_export):
+    options = INT8_VARIANTS[variant]
+    source, out = trained("ner-gp"), int8_export(variant)
+    record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
+    assert {k: record[k] for k in ("quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts",
+                                   "int8_activations")} == {
+        "quantize": "int8", "per_channel": options.get("per_channel", False),
+        "reduce_range": options.get("reduce_range", False), "keep_fp32": list(options.get("keep_fp32", ())),
+        "calibration_texts": len(TRAIN_TEXTS) if "calibration" in options else None,
+        "int8_activations": "static" if "calibration" in options else "dynamic"}
+    tolerance = REDUCED_RANGE_TOLERANCE if options.get("reduce_range") else INT8_TOLERANCE
+    print(f"{variant}: int8 logit difference {record['int8_max_abs_diff']:.3g} (tolerance {tolerance})")
+    assert record["int8_max_abs_diff"] <= tolerance
+
+    # what stayed fp32: the weights the patterns name, and only those
+    graph = graph_of(out)
+    assert fp32_weights_left(graph) == record["fp32_weights"]
+    kept = {"keep-embeddings": ["model.encoder.embeddings.position_embeddings.weight",
+                                "model.encoder.embeddings.token_type_embeddings.weight",
+                                "model.encoder.embeddings.word_embeddings.weight"],
+            "keep-last-layer": [f"model.encoder.encoder.layer.1.{m}.weight" for m in (
+                "attention.output.dense", "attention.self.key", "attention.self.query", "attention.self.value",
+                "intermediate.dense", "output.dense")]}
+    assert record["fp32_weights"] == kept.get(variant, [])
+    ops = [node.op_type for node in graph.node]
+    static = "calibration" in options
+    assert ("QuantizeLinear" in ops) == static and ("DynamicQuantizeLinear" in ops) != static
+
+    torch_pipe, onnx_pipe = zhie.load(source), zhie.load(out)
+    assert isinstance(onnx_pipe.model, OnnxModel)
+    want, have = torch_pipe.predict(TEXTS[1:]), onnx_pipe.predict(TEXTS[1:])
+    assert sum(map(len, want)) >= 4
+    assert [keyed(h)[0] for h in have] == [keyed(w)[0] for w in want]
+    dev = nested_corpus(80, seed=7)
+    fp32, int8 = (pipe.evaluate(dev)["micro"]["f1"] for pipe in (torch_pipe, onnx_pipe))
+    print(f"{variant}: dev F1 torch {fp32:.4f}, onnxruntime int8 {int8:.4f}")
+    assert int8 >= fp32 - 0.03
+
+
+def test_keep_fp32_embeddings_leaves_the_gather_fp32_and_quantises_the_matmuls(int8_export):
+    from onnx import TensorProto
+
+    graph = graph_of(int8_export("keep-embeddings"))
+    floats = {i.name for i in graph.initializer if i.data_type == TensorProto.FLOAT}
+    (gather,) = [n for n in graph.node if n.op_type == "Gather" and "word_embeddings" in n.input[0]]
+    assert gather.input[0] in floats
+    layers = zhie.load(trained("ner-gp")).model.encoder.config.num_hidden_layers
+    int8 = [n for n in graph.node if n.op_type == "MatMulInteger"]
+    assert len(int8) == 6 * layers + 1  # a BERT layer's six Linears and the GP head's dense
+    assert all(not weights for weights in (weight_names(graph).get(n.name) for n in graph.node
+                                           if n.op_type == "MatMul"))  # no fp32 matrix product reads a weight
+
+
+def test_per_channel_gives_one_scale_per_output_channel(int8_export):
+    per_tensor, per_channel = (scale_sizes(graph_of(int8_export(v))) for v in ("keep-embeddings", "per-channel"))
+    assert per_tensor and set(per_tensor) == {1}
+    assert max(per_channel) in (128, 384, 512)  # the tiny encoder's hidden, GP head and intermediate sizes
+    assert sum(size > 1 for size in per_channel) == 13  # every quantised Linear (the embeddings' Gathers: per tensor)
+
+
+def test_int8_option_errors(tmp_path):
+    source = trained("ner-gp")
+    with pytest.raises(ValueError, match="matches none of the .* quantisable weights .*word_embeddings"):
+        export(source, tmp_path / "a", quantize="int8", keep_fp32=("embeddings", "layer.99."))
+    with pytest.raises(ValueError, match="per_channel, keep_fp32 are options of int8 quantisation"):
+        export(source, tmp_path / "b", per_channel=True, keep_fp32=("embeddings",))
+    with pytest.raises(ValueError, match="needs calibration texts"):
+        export(source, tmp_path / "c", quantize="int8", calibration=["", " "])
+    with pytest.raises(ValueError, match="empty keep_fp32 pattern"):
+        export(source, tmp_path / "d", quantize="int8", keep_fp32=[""])
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_int8_flags(tmp_path, capsys):
+    source, out = trained("ner-gp"), tmp_path / "static"
+    texts = tmp_path / "train.txt"
+    texts.write_text("\n".join(TRAIN_TEXTS[:20]) + "\n\n" + json.dumps({"text": TRAIN_TEXTS[20]}, ensure_ascii=False)
+                     + "\n" + "\n".join(TRAIN_TEXTS[21:]) + "\n", encoding="utf-8")
+    assert main(["export", str(source), "--out", str(out), "--quantize", "int8", "--calibrate", str(texts),
+                 "--calibrate-lines", "30", "--keep-fp32", "word_embeddings", "--keep-fp32", "heads.",
+                 "--per-channel", "--reduce-range"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert {k: line[k] for k in ("quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts")} == {
+        "quantize": "int8", "per_channel": True, "reduce_range": True, "keep_fp32": ["word_embeddings", "heads."],
+        "calibration_texts": 30}
+    print(f"static, per channel, 7-bit: int8 logit difference {line['int8_max_abs_diff']:.3g}")
+    assert line["int8_max_abs_diff"] <= REDUCED_RANGE_TOLERANCE
+    graph = graph_of(out)
+    assert fp32_weights_left(graph) == ["model.encoder.embeddings.word_embeddings.weight",
+                                        "model.heads.ner.dense.weight"]
+    assert max(scale_sizes(graph)) > 1 and "QuantizeLinear" in {n.op_type for n in graph.node}
+    (want,), (have,) = zhie.load(source).predict(TEXTS[1]), zhie.load(out).predict(TEXTS[1])
+    assert keyed(have)[0] == keyed(want)[0]
+
+    for args, message in ((["--per-channel", "--keep-fp32", "x"], "--per-channel, --keep-fp32 are options of int8 "
+                                                                  "quantisation, and this export is fp32: add "
+                                                                  "--quantize int8"),
+                          (["--quantize", "int8", "--calibrate", str(tmp_path / "missing.txt")],
+                           "missing.txt: no such file; give a text file, one text per line"),
+                          (["--quantize", "int8", "--calibrate-lines", "5"], "give --calibrate FILE too"),
+                          (["--quantize", "int8", "--keep-fp32", "layer.99."], "matches none")):
+        assert main(["export", str(source), "--out", str(tmp_path / "bad"), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("zhie: error: ") and message in err, (args, err)
+    assert not (tmp_path / "bad").exists()

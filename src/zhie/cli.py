@@ -214,7 +214,21 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("model", help="model directory (or a run directory with best/)")
     ex.add_argument("--out", required=True, help="export directory; zhie.load, predict and serve run it on onnxruntime")
     ex.add_argument("--opset", type=int, default=18, help="ONNX opset (18: the exporter's own)")
-    ex.add_argument("--quantize", default=None, choices=["int8"], help="dynamic int8 quantisation of the weights")
+    ex.add_argument("--quantize", default=None, choices=["int8"],
+                    help="int8 quantisation (dynamic: int8 weights, activations quantised per batch at run time)")
+    ex.add_argument("--per-channel", action="store_true", help="int8: one scale per output channel of each weight")
+    ex.add_argument("--reduce-range", action="store_true",
+                    help="int8: 7-bit weights, which the int8 kernels of x86 CPUs without VNNI (AVX2) cannot "
+                         "saturate; more accurate there (see export.json's int8_max_abs_diff)")
+    ex.add_argument("--keep-fp32", action="append", default=[], metavar="PATTERN",
+                    help="int8: weights whose name contains PATTERN stay fp32 (repeatable), e.g. 'embeddings' (the "
+                         "embedding table) or 'layer.11.' (e5-small's last layer); the names are the torch model's "
+                         "parameters (model.encoder.encoder.layer.0.attention.self.query.weight, ...)")
+    ex.add_argument("--calibrate", default=None, metavar="FILE",
+                    help="int8: static quantisation (int8 activations too), their ranges measured on the texts of "
+                         "FILE: one text per line, or JSON lines with a field 'text' (e.g. the training file)")
+    ex.add_argument("--calibrate-lines", type=int, default=None, metavar="N",
+                    help="read the first N texts of --calibrate FILE (default 200)")
 
 
 def _demo_parser(sub: argparse._SubParsersAction) -> None:
@@ -369,9 +383,41 @@ def cmd_export(args) -> None:
     export = _extra("zhie.deploy.export", "export")
     for module in ("onnxruntime", "onnxscript"):  # onnxscript: torch.onnx.export(dynamo=True) needs it
         _extra(module, "export")
-    out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize)
+    given = [flag for flag, value in (("--per-channel", args.per_channel), ("--reduce-range", args.reduce_range),
+                                      ("--keep-fp32", args.keep_fp32), ("--calibrate", args.calibrate),
+                                      ("--calibrate-lines", args.calibrate_lines is not None)) if value]
+    if given and args.quantize != "int8":
+        raise ValueError(f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of int8 "
+                         f"quantisation, and this export is fp32: add --quantize int8 (zhie export {args.model} "
+                         f"--out {args.out} --quantize int8 {given[0]} ...)")
+    if args.calibrate_lines is not None and not args.calibrate:
+        raise ValueError("--calibrate-lines N counts the texts of --calibrate FILE: give --calibrate FILE too")
+    calibration = None if args.calibrate is None else calibration_texts(args.calibrate, args.calibrate_lines or 200)
+    out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize, per_channel=args.per_channel,
+                        reduce_range=args.reduce_range, keep_fp32=args.keep_fp32, calibration=calibration)
     record = json.loads((out / export.EXPORT_FILE).read_text(encoding="utf-8"))
-    print(json.dumps({"export": str(out), **{k: record[k] for k in ("opset", "quantize", "fp32_max_abs_diff")}}))
+    keys = ("opset", "quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts", "fp32_max_abs_diff",
+            "int8_max_abs_diff")
+    print(json.dumps({"export": str(out), **{k: record[k] for k in keys if k in record}}, ensure_ascii=False))
+
+
+def calibration_texts(path: str, n: int) -> list[str]:
+    """The first ``n`` texts of ``zhie export --calibrate FILE`` (:func:`zhie.data.base.read_texts`' lines)."""
+    from itertools import islice
+
+    from zhie.data.base import iter_lines, text_of_line
+
+    if n < 1:
+        raise ValueError(f"--calibrate-lines {n}: give a positive number of texts (default 200)")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--calibrate {path}: no such file; give a text file, one text per line (or JSON "
+                                f"lines with a field 'text', e.g. the model's training file)")
+    texts = list(islice((t for lineno, line in iter_lines(path) if (t := text_of_line(path, lineno, line)) is not None),
+                        n))
+    if not texts:
+        raise ValueError(f"--calibrate {path}: the file has no text (blank lines are skipped); give a file of the "
+                         f"texts the model will read, one per line")
+    return texts
 
 
 def cmd_distill(args) -> None:

@@ -1,4 +1,5 @@
-"""``zhie export DIR --out OUT [--opset N] [--quantize int8]``: a model directory as an ONNX graph plus what decodes it.
+"""``zhie export DIR --out OUT [--opset N] [--quantize int8 [--per-channel] [--reduce-range] [--keep-fp32 PATTERN]
+[--calibrate FILE]]``: a model directory as an ONNX graph plus what decodes it.
 
 The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``input_ids`` and ``attention_mask``
 (int64 ``[batch, length]``, both axes dynamic), one output per head tensor, in the order of
@@ -11,18 +12,39 @@ The export directory is a model directory without the encoder's weights: ``confi
 ``zhie.json``, ``head.safetensors`` (the heads' weights: decoding reads the CRF's transitions there; the BIO/BMES
 constraints follow from the tags in ``zhie.json``), the task's own files, ``model.onnx`` and ``export.json`` (opset,
 quantisation, outputs, the largest difference to torch's logits measured at export). ``zhie.load(OUT)`` runs it on
-onnxruntime. ``--quantize int8``: onnxruntime's dynamic quantisation (int8 weights of the matrix products, activations
-quantised per batch at run time); its outputs differ from fp32's and are checked against an accuracy floor.
+onnxruntime. ``--quantize int8``: onnxruntime's dynamic quantisation (int8 weights of the matrix products and of the
+embedding's Gather, one scale per tensor; activations quantised per batch at run time); its outputs differ from fp32's
+(``int8_max_abs_diff`` in ``export.json``). Its variants (issue 25), each one option of :func:`export`:
+
+- ``per_channel``: one scale per output channel of each weight instead of one per tensor;
+- ``reduce_range``: 7-bit weights. onnxruntime multiplies uint8 activations by int8 weights; on an x86 CPU without
+  VNNI (AVX2 only) its kernel adds pairs of products in int16, which saturates when both are large, and 7-bit
+  weights cannot saturate. On the tiny test model on an AVX2 CPU it cut the mean logit error 4x (per tensor) and 30x
+  (per channel, whose weights fill the whole int8 range far more often);
+- ``keep_fp32``: weights whose name contains one of these substrings stay fp32 (the nodes that read them are left
+  out of quantisation). The names are the torch model's parameter names:
+  ``model.encoder.embeddings.word_embeddings.weight`` (the embedding's Gather, most of a multilingual encoder's
+  weights), ``model.encoder.encoder.layer.N.attention.self.query.weight`` …
+  ``model.encoder.encoder.layer.N.output.dense.weight`` (a BERT layer's six matrix products),
+  ``model.heads.NAME.dense.weight``. The exporter folds each Linear's transposed weight into an anonymous constant
+  (``val_93``); such a constant is named after the module of the node that reads it (:func:`weight_names`). Useful
+  patterns: ``embeddings``, ``layer.11.`` (e5-small's last layer; the trailing dot keeps ``layer.1.`` from matching
+  ``layer.10.``), ``heads.``. A pattern that matches no weight is an error;
+- ``calibration``: texts for static quantisation (``quantize_static``, QDQ format, int8 weights and int8 activations
+  whose ranges are measured on these texts, tokenised as the task reads them) instead of dynamic; the same operators
+  as dynamic (matrix products with a constant weight, the embedding's Gather) are quantised.
 
 A multi-task model exports as one graph with every member's head; its members decode from it as from the torch model.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +59,8 @@ from zhie.version import __version__
 ENCODER_WEIGHTS = "model.safetensors"
 DEFAULT_OPSET = 18  # the torch.onnx (dynamo) exporter's own; a lower one goes through a version conversion
 FP32_TOLERANCE = 1e-3  # export fails if the graph's logits differ from torch's by more on its check texts
+CALIBRATION_BATCH = 16  # texts per calibration batch of static quantisation
+WEIGHT_OPS = ("MatMul", "Gemm", "Gather", "Conv")  # the operators whose constant weights int8 quantises
 CHECK_TEXTS = ("王伟在青山市的远华大学工作了很多年，后来去了临江县。", "好",
                "记者从恒信银行获悉，李娜将前往北宁县考察。")
 
@@ -70,10 +94,99 @@ class Graph(nn.Module):
         return tuple(flatten(self.model(input_ids=input_ids, attention_mask=attention_mask)))
 
 
-def check_inputs(task, texts: tuple[str, ...] | list[str]) -> dict[str, Tensor]:
-    """Model inputs of ``texts`` as the task builds them (rows of different lengths, right-padded)."""
+def check_inputs(task, texts: Sequence[str]) -> dict[str, Tensor]:
+    """Model inputs of ``texts`` as the task builds them (rows of different lengths, right-padded; a text longer
+    than the task's ``max_length`` is cut to its first window)."""
     tt = TextTokenizer(task.tokenizer, getattr(task.config, "mode", "subword"))
-    return model_inputs([tt.model_input(tt(t).ids) for t in texts], tt.pad_id)
+    size = getattr(task.config, "max_length", 512) - len(tt.model_input([]))
+    return model_inputs([tt.model_input(tt(t).ids[:size]) for t in texts], tt.pad_id)
+
+
+def calibration_batches(task, texts: Sequence[str], batch_size: int = CALIBRATION_BATCH
+                        ) -> Iterator[dict[str, np.ndarray]]:
+    """The graph's inputs for ``texts``, ``batch_size`` texts at a time (:func:`check_inputs`)."""
+    for i in range(0, len(texts), batch_size):
+        yield {k: v.numpy() for k, v in check_inputs(task, texts[i:i + batch_size]).items()}
+
+
+def weight_names(graph) -> dict[str, dict[str, str]]:
+    """``{node name: {initializer: weight name}}`` for the nodes of :data:`WEIGHT_OPS` that read a float initializer
+    of two or more dimensions (an ``onnx.GraphProto``).
+
+    A weight's name is its initializer's when that is a parameter's name
+    (``model.encoder.embeddings.word_embeddings.weight``); the torch exporter folds a Linear's transposed weight into
+    an anonymous constant (``val_93``), which is named ``MODULE.weight`` after the module that the node comes from
+    (its ``pkg.torch.onnx.name_scopes``).
+    """
+    from onnx import TensorProto
+
+    floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    weights = {i.name for i in graph.initializer if i.data_type in floats and len(i.dims) >= 2}
+    names: dict[str, dict[str, str]] = {}
+    for node in graph.node:
+        read = [i for i in node.input if i in weights]
+        if node.op_type not in WEIGHT_OPS or not read:
+            continue
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "[]")
+        try:
+            module = ast.literal_eval(scopes)[-2]  # [..., the module, the operator's own name]
+        except (ValueError, SyntaxError, IndexError):
+            module = ""
+        names[node.name] = {i: i if "." in i or not module else f"{module}.weight" for i in read}
+    return names
+
+
+def excluded_nodes(graph, keep_fp32: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The nodes that read a weight matching one of the ``keep_fp32`` substrings, and those weights' names.
+
+    Raises ``ValueError`` for a pattern that matches no weight, with some of the names there are.
+    """
+    names = weight_names(graph)
+    nodes, kept = [], set()
+    for pattern in keep_fp32:
+        hits = {node: [n for i, n in weights.items() if pattern in n or pattern in i]
+                for node, weights in names.items()}
+        hits = {node: found for node, found in hits.items() if found}
+        if not hits:
+            every = sorted({n for weights in names.values() for n in weights.values()})
+            sample = ", ".join(every[:3] + ["..."] + every[-3:] if len(every) > 6 else every)
+            raise ValueError(f"keep_fp32 pattern {pattern!r} matches none of the {len(every)} quantisable weights of "
+                             f"the graph ({sample}); give a substring of one of these names, e.g. 'embeddings', "
+                             f"'layer.0.' or 'heads.'")
+        nodes += [node for node in hits if node not in nodes]
+        kept.update(n for found in hits.values() for n in found)
+    return nodes, sorted(kept)
+
+
+def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, reduce_range: bool = False,
+                  keep_fp32: Sequence[str] = (), calibration: Sequence[str] | None = None) -> dict:
+    """Quantise the graph ``fp32`` to ``out`` (see the module's doc); returns what ``export.json`` records of it."""
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    exclude, kept = excluded_nodes(onnx.load(str(fp32), load_external_data=False).graph, keep_fp32)
+    if calibration is None:
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
+                         reduce_range=reduce_range, nodes_to_exclude=exclude)
+    else:
+        class Reader(CalibrationDataReader):
+            def __init__(self) -> None:
+                self.batches = calibration_batches(task, list(calibration))
+
+            def get_next(self) -> dict | None:
+                return next(self.batches, None)
+
+        quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=list(WEIGHT_OPS), per_channel=per_channel, reduce_range=reduce_range,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
+                        extra_options={"MatMulConstBOnly": True})
+    return {"fp32_weights": kept, "int8_activations": "dynamic" if calibration is None else "static"}
 
 
 def largest_difference(expected: list[Tensor], got: list[np.ndarray]) -> float:
@@ -90,11 +203,16 @@ def largest_difference(expected: list[Tensor], got: list[np.ndarray]) -> float:
 
 
 def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
-           quantize: str | None = None) -> Path:
+           quantize: str | None = None, per_channel: bool = False, reduce_range: bool = False,
+           keep_fp32: Sequence[str] = (), calibration: Sequence[str] | None = None) -> Path:
     """Write the export directory ``out`` for the model in ``model_dir`` (atomically); returns ``out``.
 
-    Raises ``ValueError`` for an unknown ``quantize``, or an fp32 graph whose logits differ from torch's by more than
-    :data:`FP32_TOLERANCE` on :data:`CHECK_TEXTS`.
+    ``quantize="int8"`` quantises the graph; ``per_channel``, ``reduce_range``, ``keep_fp32`` (substrings of weight
+    names) and ``calibration`` (texts: static quantisation) are its options (the module's doc).
+
+    Raises ``ValueError`` for an unknown ``quantize``, an int8 option without ``quantize="int8"``, no calibration
+    texts, a ``keep_fp32`` pattern that matches no weight, or an fp32 graph whose logits differ from torch's by more
+    than :data:`FP32_TOLERANCE` on :data:`CHECK_TEXTS`.
     """
     import onnxruntime as ort
 
@@ -103,6 +221,17 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
 
     if quantize not in (None, "int8"):
         raise ValueError(f"unknown quantisation {quantize!r}; use int8 (or none)")
+    keep_fp32 = (keep_fp32,) if isinstance(keep_fp32, str) else tuple(keep_fp32)
+    calibration = None if calibration is None else list(calibration)
+    given = [name for name, value in (("per_channel", per_channel), ("reduce_range", reduce_range),
+                                      ("keep_fp32", keep_fp32), ("calibration", calibration is not None)) if value]
+    if given and quantize != "int8":
+        raise ValueError(f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of int8 "
+                         f"quantisation; give quantize='int8' (zhie export --quantize int8) as well")
+    if calibration is not None and not any(t.strip() for t in calibration):
+        raise ValueError("static quantisation needs calibration texts, and none were given")
+    if any(not p for p in keep_fp32):
+        raise ValueError("an empty keep_fp32 pattern would match every weight; leave out quantize='int8' instead")
     pipe = load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
@@ -129,14 +258,16 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
             raise ValueError(f"the exported graph's logits differ from torch's by {diff:.3g} (> {FP32_TOLERANCE}); "
                              f"try another --opset (this was {opset})")
         record = {"graph": GRAPH_FILE, "inputs": list(INPUTS), "outputs": layout, "opset": opset,
-                  "quantize": quantize, "fp32_max_abs_diff": diff, "torch": torch.__version__,
+                  "quantize": quantize, "per_channel": per_channel, "reduce_range": reduce_range,
+                  "keep_fp32": list(keep_fp32),
+                  "calibration_texts": None if calibration is None else len(calibration),
+                  "fp32_max_abs_diff": diff, "torch": torch.__version__,
                   "onnxruntime": ort.__version__, "zhie_version": __version__, "source": str(model_dir)}
         if quantize == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
-
             fp32 = tmp / "fp32.onnx"
             graph.rename(fp32)
-            quantize_dynamic(str(fp32), str(graph), weight_type=QuantType.QInt8)
+            record.update(quantize_int8(fp32, graph, task, per_channel=per_channel, reduce_range=reduce_range,
+                                        keep_fp32=keep_fp32, calibration=calibration))
             fp32.unlink()
             session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
             record["int8_max_abs_diff"] = largest_difference(expected, session.run(
