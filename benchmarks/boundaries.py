@@ -5,7 +5,7 @@
 In ``--mode subword`` a span head can only predict spans that start at a token's first character and end at a token's
 last one; an entity whose start or end lies inside a multi-character piece (e5's XLM-R vocabulary holds many
 multi-character Chinese pieces) cannot be predicted exactly. This counts such entities per dataset and split, with
-zhie's own tokenisation (:class:`zhie.text.TextTokenizer`, offsets trimmed of whitespace), before any training: the
+zhie's own tokenisation (:class:`zhie.core.text.TextTokenizer`, offsets trimmed of whitespace), before any training: the
 fraction is a ceiling on subword-mode recall's loss. Char mode (one token per character) has none by construction.
 One JSON line per dataset/split in ``benchmarks/results/boundaries.jsonl``.
 """
@@ -19,8 +19,8 @@ from datetime import date
 from common import DATA, append_result, machine, machine_lock
 
 from zhie import encoders
+from zhie.core.text import TextTokenizer
 from zhie.data import read_ner
-from zhie.text import TextTokenizer
 
 FILES = {
     "cluener": ["ner/cluener/train.json", "ner/cluener/dev.json"],

@@ -19,9 +19,9 @@ import torch
 from common import append_result, machine, machine_lock
 
 import zhie
+from zhie.core.text import windows
 from zhie.data import read_ner
 from zhie.tasks.base import model_inputs, sorted_batches
-from zhie.text import windows
 
 
 def main() -> None:

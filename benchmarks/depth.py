@@ -36,10 +36,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import DATA, RESULTS, machine, machine_lock  # noqa: E402
 
+from zhie.core.spans import spans_to_tags, tags_to_spans  # noqa: E402
 from zhie.data.cws import read_segmented  # noqa: E402
 from zhie.encoders import build  # noqa: E402
 from zhie.encoders.gau import GatedAttentionUnit, GAUAlphaConfig, RoFormerV2Config  # noqa: E402
-from zhie.spans import spans_to_tags, tags_to_spans  # noqa: E402
 
 VARIANTS = ("post-norm", "deepnorm-paper", "deepnorm-adam", "gau")
 TAGS = ["B", "M", "E", "S"]

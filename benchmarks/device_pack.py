@@ -24,8 +24,8 @@ import shutil
 from common import DATA, ROOT
 
 from zhie import encoders
+from zhie.core.text import TextTokenizer
 from zhie.tasks.base import CJK_CHARSET
-from zhie.text import TextTokenizer
 
 FILES = ["ner/cluener/train.json", "ner/cluener/dev.json", "ner/cmeee/train.json", "ner/cmeee/dev.json",
          "ner/peoples_daily/example.dev", "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl",

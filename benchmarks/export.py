@@ -36,8 +36,8 @@ from ner import dataset_files
 
 import zhie
 from zhie.data import read_ner
-from zhie.export import export
-from zhie.runtime import load_export
+from zhie.deploy.export import export
+from zhie.deploy.runtime import load_export
 from zhie.training import TrainConfig
 
 DATASETS = ("cluener", "peoples_daily", "cmeee")
@@ -47,7 +47,8 @@ SUFFIXES = ("per-channel", "reduce-range", "keep-embeddings", "keep-last-layer",
 
 
 def variant_options(variant: str, calibration: list[str], layers: int) -> dict:
-    """The keywords of :func:`zhie.export.export` for ``variant`` (see the module's doc); ``layers``: the encoder's."""
+    """The keywords of :func:`zhie.deploy.export.export` for ``variant`` (see the module's doc); ``layers``: the
+    encoder's."""
     if variant == "fp32":
         return {}
     if not variant.startswith("int8"):

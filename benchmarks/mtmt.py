@@ -33,8 +33,8 @@ from common import DATA, RESULTS, append_result, machine, machine_lock, once
 import zhie
 from zhie import encoders
 from zhie.data import read_ner, write_ner_jsonl
-from zhie.tasks.xner import distill
 from zhie.training import TrainConfig
+from zhie.training.distill import distill
 
 WIKIANN = DATA / "xner" / "wikiann"
 STUDENTS = {"tsl": {"alpha": False, "beta": False, "gamma": False, "similarity": False}, "mtmt": {},

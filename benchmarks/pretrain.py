@@ -31,8 +31,8 @@ from common import DATA, RESULTS, append_result, machine, machine_lock, peak_mem
 import zhie
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.spo import read_spo
-from zhie.pretrain import PretrainConfig, pretrain
 from zhie.training import TrainConfig
+from zhie.training.pretrain import PretrainConfig, pretrain
 from zhie.training.report import read_metrics
 
 SIZES = {

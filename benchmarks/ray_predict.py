@@ -41,7 +41,7 @@ def write_shards(directory: Path, texts: int, shards: int) -> None:
 def timed_ray(model: Path, shards: Path, out: Path, workers: int, args) -> dict:
     import ray
 
-    from zhie.ray_predict import predict_files
+    from zhie.deploy.ray_predict import predict_files
 
     start = time.perf_counter()
     ray.init(num_cpus=max(workers * args.cpus_per_worker, 1) + 1, include_dashboard=False, log_to_driver=False)

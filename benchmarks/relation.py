@@ -22,12 +22,12 @@ import torch
 from common import DATA, append_result, machine, machine_lock, peak_memory_mb
 
 import zhie
+from zhie.core.text import windows
 from zhie.data.spo import read_schema, read_spo
 from zhie.losses import multilabel_categorical_crossentropy
 from zhie.model import Model
 from zhie.tasks.base import prepare_encoder, seeded
 from zhie.tasks.relation import RelationConfig, RelationTask
-from zhie.text import windows
 from zhie.training import TrainConfig
 from zhie.training.report import read_metrics
 

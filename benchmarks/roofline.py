@@ -70,7 +70,7 @@ def wall_clock(device: torch.device) -> float:
 
 def window_tokens(task, texts: list[str]) -> list[int]:
     """Real tokens of every window a zhie windowed task runs over ``texts`` (content + [CLS] + [SEP])."""
-    from zhie.text import windows
+    from zhie.core.text import windows
 
     size, overlap = task.window
     return [e - s + 2 for t in texts for s, e in windows(len(task.text_tokenizer(t)), size, overlap)]

@@ -45,7 +45,7 @@ import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[3]))
 import zhie
 from zhie.cli import prediction_lines
-from zhie.stream import chunks
+from zhie.deploy.stream import chunks
 texts = json.load(open(sys.argv[1], encoding="utf-8"))
 batch_size, chunk_lines = int(sys.argv[4]), int(sys.argv[5])
 pipe = zhie.load(sys.argv[2])

@@ -9,7 +9,7 @@ whole; a tagger's window also tags the part of a cut entity that it sees. Then c
 * old rule (zhie before the task protocol): an entity is reported by the window that owns its start (each overlap
   cut in half); a span head drops it unless that window holds it whole, a tagger reports it cut at the window's edge
   (one false positive, one false negative);
-* new rule: :func:`zhie.text.reporting_window` (span heads lose an entity only when no window holds it whole; a
+* new rule: :func:`zhie.core.text.reporting_window` (span heads lose an entity only when no window holds it whole; a
   tagger then reports the part in the later window).
 
 For GPLinker the counts are over triple extents (first to last token of the two mentions): with gold scores a triple
@@ -30,10 +30,10 @@ from common import DATA, append_result, machine, machine_lock
 
 import zhie
 from zhie import encoders
+from zhie.core.metrics import span_prf
+from zhie.core.text import TextTokenizer, reporting_window, windows
 from zhie.data import read_ner
 from zhie.data.spo import read_spo
-from zhie.metrics import span_prf
-from zhie.text import TextTokenizer, reporting_window, windows
 
 
 def owns(window: tuple[int, int], start: int, n: int, overlap: int) -> bool:

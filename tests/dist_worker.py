@@ -12,7 +12,8 @@ gradient once DDP has averaged it.
 steps and writes ``RESULTS/rank<r>.json``: fit's summary (this process's ``per_batch`` rows are in its history).
 
 ``distill RECOGNIZER EVALUATOR TARGET ENCODER OUT BATCH_SIZE RESULTS`` distils an MTMT student with
-:func:`zhie.tasks.xner.distill` (64 word pairs, one epoch) and writes ``RESULTS/rank<r>.json``: the loop's summary.
+:func:`zhie.training.distill.distill` (64 word pairs, one epoch) and writes ``RESULTS/rank<r>.json``: the loop's
+summary.
 
 ``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
 interrupted in its third step, resumes that run, and writes ``RESULTS/rank<r>.json``: the largest difference between
@@ -172,7 +173,7 @@ def multitask(config: str, out: str) -> dict:
 
 
 def distill(recognizer: str, evaluator: str, target: str, encoder: str, out: str, batch_size: str) -> dict:
-    from zhie.tasks.xner import distill as mtmt
+    from zhie.training.distill import distill as mtmt
 
     summary = mtmt(recognizer, evaluator, target, out=out, format="wikiann", encoder=encoder, pairs=64, balanced=False,
                    config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, seed=0, warmup=0.0),

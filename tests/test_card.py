@@ -1,5 +1,5 @@
 """Model cards (issue 26, item 3): ``README.md`` in every saved model directory, made from ``zhie.json`` and the run's
-``training.json`` by :func:`zhie.card.render`; a training run records what the card needs; ``zhie demo`` says where
+``training.json`` by :func:`zhie.core.card.render`; a training run records what the card needs; ``zhie demo`` says where
 the card and the curves are."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import zhie
-from zhie import card
 from zhie.cli import main
+from zhie.core import card
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.training import TrainConfig
 from zhie.training.report import read_metrics

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 import zhie
 from zhie import encoders
 from zhie.cli import main
+from zhie.core.spans import Span, spans_to_tags, tags_to_spans
 from zhie.data.cws import read_segmented, words_to_example, write_segmented
 from zhie.heads import bmes_allowed_transitions
 from zhie.model import Model
-from zhie.spans import Span, spans_to_tags, tags_to_spans
 from zhie.tasks.cws import CwsTask, partition
 from zhie.training import TrainConfig
 

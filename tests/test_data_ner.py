@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from zhie.core.spans import Span
 from zhie.data import (
     DataError,
     NerExample,
@@ -20,7 +21,6 @@ from zhie.data import (
     read_ner_jsonl,
     write_ner_jsonl,
 )
-from zhie.spans import Span
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 NER = DATA / "ner"

@@ -1,4 +1,4 @@
-"""The numpy decoders (zhie.decoding) against brute force, the span cap, and the torch-free tokenizer against
+"""The numpy decoders (zhie.core.decoding) against brute force, the span cap, and the torch-free tokenizer against
 transformers' (the CRF's Viterbi against pytorch-crf and brute force: tests/test_heads.py, through CRF.viterbi)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zhie import decoding
+from zhie.core import decoding
 from zhie.tasks.ner import NerConfig, SpanLabels
 from zhie.tasks.relation import RelationConfig, RelationTask
 
@@ -98,7 +98,7 @@ def test_the_torch_free_tokenizer_reads_what_transformers_reads(tmp_path):
     from transformers import AutoTokenizer
 
     from zhie import encoders
-    from zhie.text import FastTokenizer, TextTokenizer
+    from zhie.core.text import FastTokenizer, TextTokenizer
 
     texts = ["王伟在青山市工作。", "ＡＢＣ  hello, World!\t北京 ", "", "e5 的 tokenizer 很长很长很长很长很长"]
     _, tokenizer = encoders.tiny(texts)

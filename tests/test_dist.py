@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from zhie import encoders
 from zhie.data import read_ner
+from zhie.dist import local_device
 from zhie.encoders import SPECIAL_TOKENS, e5, wordpiece_tokenizer
 from zhie.encoders.mlm import HEAD_FILE
 from zhie.model import Model
@@ -29,7 +30,6 @@ from zhie.tasks.ner import NerTask
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.tasks.xner import XnerEvaluatorTask
 from zhie.training import epoch_batches
-from zhie.training.dist import local_device
 from zhie.training.loop import _process_batches
 from zhie.training.report import read_metrics
 

@@ -17,8 +17,8 @@ from transformers import (
 )
 
 from zhie import encoders
+from zhie.core.text import TextTokenizer
 from zhie.encoders import WeightsMismatchError, e5
-from zhie.text import TextTokenizer
 
 SENTENCES = [
     "北京是中国的首都。",

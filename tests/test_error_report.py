@@ -11,11 +11,11 @@ import pytest
 
 import zhie
 from zhie.cli import main
+from zhie.core.metrics import label_errors, span_prf
+from zhie.core.spans import Span
 from zhie.data import read_ner
 from zhie.data.cws import read_segmented
 from zhie.data.spo import Triple, read_spo
-from zhie.metrics import label_errors, span_prf
-from zhie.spans import Span
 from zhie.tasks.cws import boundary_errors
 from zhie.tasks.similarity import SimilarityTask
 

@@ -19,8 +19,8 @@ pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxs
 import zhie  # noqa: E402
 from tests.tiny_models import nested_corpus, relation_corpus, trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference, weight_names  # noqa: E402
-from zhie.runtime import OnnxModel  # noqa: E402
+from zhie.deploy.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference, weight_names  # noqa: E402
+from zhie.deploy.runtime import OnnxModel  # noqa: E402
 
 LOGIT_TOLERANCE = 1e-4  # fp32 graph vs torch, on unmasked cells (measured: about 1e-5 on these tiny models)
 SCORE_TOLERANCE = 1e-4
@@ -121,7 +121,7 @@ def test_int8_stays_above_an_accuracy_floor(tmp_path):
 def test_cli_export_predict_and_serve_an_export(tmp_path, capsys):
     from fastapi.testclient import TestClient
 
-    from zhie.serve import create_app
+    from zhie.deploy.serve import create_app
 
     source = trained("ner-gp")
     assert main(["export", str(source), "--out", str(tmp_path / "onnx")]) == 0
@@ -166,7 +166,7 @@ def graph_of(out):
 
 
 def fp32_weights_left(graph) -> list[str]:
-    """The weights that matrix products and Gathers still read as floats (:func:`zhie.export.weight_names`)."""
+    """The weights that matrix products and Gathers still read as floats (:func:`zhie.deploy.export.weight_names`)."""
     return sorted({name for weights in weight_names(graph).values() for name in weights.values()})
 
 

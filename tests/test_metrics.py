@@ -7,8 +7,8 @@ import random
 import pytest
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 
-from zhie.metrics import span_prf
-from zhie.spans import Span, tags_to_spans
+from zhie.core.metrics import span_prf
+from zhie.core.spans import Span, tags_to_spans
 
 TYPES = ["PER", "LOC", "ORG"]
 

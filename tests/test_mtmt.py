@@ -17,15 +17,16 @@ from torch import nn
 import zhie
 from zhie import encoders
 from zhie.cli import main
+from zhie.core.spans import Span
+from zhie.core.words import word_heads, word_ranges, word_spans, word_tags
 from zhie.data import DataError, read_ner
 from zhie.heads.tagger import IGNORE
+from zhie.losses.mtmt import bce, mtmt_loss, mtmt_weights, sample_pairs
 from zhie.model import Model
-from zhie.mtmt import bce, mtmt_loss, mtmt_weights, sample_pairs
-from zhie.spans import Span
 from zhie.tasks.ner import NerConfig, NerTask
-from zhie.tasks.xner import distill, word_inputs, word_outputs
+from zhie.tasks.xner import word_inputs, word_outputs
 from zhie.training import TrainConfig
-from zhie.words import word_heads, word_ranges, word_spans, word_tags
+from zhie.training.distill import distill
 
 PER = ["Anna", "Berta", "Carlo", "Dieter", "Emil", "Frieda", "Gustav", "Hanna"]
 LOC = ["Berlin", "Paris", "Rom", "Wien", "Oslo", "Prag"]

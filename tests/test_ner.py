@@ -8,10 +8,10 @@ import torch
 import zhie
 from zhie import demo, encoders
 from zhie.cli import main
+from zhie.core.spans import Span
 from zhie.data import NerExample, read_ner, write_ner_jsonl
 from zhie.heads import CrfTagger, GlobalPointer
 from zhie.model import Model
-from zhie.spans import Span
 from zhie.tasks.ner import NerConfig, NerTask, TagLabels, flatten_outermost
 from zhie.training import TrainConfig, build_param_groups, with_lr_multipliers
 

@@ -13,11 +13,11 @@ import torch
 import zhie
 from zhie import demo, encoders
 from zhie.cli import main
+from zhie.core.text import TextTokenizer
 from zhie.data import DataError, write_ner_jsonl
 from zhie.encoders.mlm import HEAD_FILE, IGNORE, load_head, mask_tokens
-from zhie.pretrain import PretrainConfig, collate, encode_lines, make_segmenter, pack, pretrain
-from zhie.text import TextTokenizer
 from zhie.training import TrainConfig
+from zhie.training.pretrain import PretrainConfig, collate, encode_lines, make_segmenter, pack, pretrain
 from zhie.training.report import read_metrics
 
 from .conftest import DATA

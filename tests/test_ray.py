@@ -72,7 +72,7 @@ def test_each_ray_task_reads_a_piece_of_a_file(local_ray, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zhie.ray_predict import pieces, read_piece, read_rows
+    from zhie.deploy.ray_predict import pieces, read_piece, read_rows
 
     lines = TEXTS[:9] + [""] + TEXTS[9:19]
     (tmp_path / "a.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")

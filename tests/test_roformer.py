@@ -8,8 +8,8 @@ import torch
 
 import zhie
 from zhie import demo, encoders
+from zhie.core.text import TextTokenizer
 from zhie.data import write_ner_jsonl
-from zhie.text import TextTokenizer
 from zhie.training import TrainConfig
 
 pytest.importorskip("rjieba")

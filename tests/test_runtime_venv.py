@@ -18,7 +18,7 @@ pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxs
 import zhie  # noqa: E402
 from tests.tiny_models import nested_corpus, trained  # noqa: E402
 from zhie.data import write_ner_jsonl  # noqa: E402
-from zhie.export import export  # noqa: E402
+from zhie.deploy.export import export  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["吕洋琼在清宁县银行工作。", "蔡涛勇毕业于新平省基金会，住在湖南区。"]

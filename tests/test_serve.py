@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 import zhie  # noqa: E402
 from tests.tiny_models import trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
+from zhie.deploy.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
 
 NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"

@@ -8,11 +8,11 @@ from scipy.stats import spearmanr
 import zhie
 from zhie import encoders
 from zhie.cli import main
+from zhie.core.metrics import spearman
 from zhie.data import DataError
 from zhie.data.sts import read_pairs
 from zhie.heads import Pooling
 from zhie.losses import SbertObjective, cosent_loss
-from zhie.metrics import spearman
 from zhie.model import Model
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.training import TrainConfig

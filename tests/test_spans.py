@@ -1,4 +1,4 @@
-"""Tests for zhie.spans: tag sequences <-> spans, checked against seqeval."""
+"""Tests for zhie.core.spans: tag sequences <-> spans, checked against seqeval."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from seqeval.metrics import f1_score
 from seqeval.metrics.sequence_labeling import get_entities
 
-from zhie.spans import BatchTagDecoder, Span, spans_to_tags, tags_to_spans
+from zhie.core.spans import BatchTagDecoder, Span, spans_to_tags, tags_to_spans
 
 SETTINGS = settings(derandomize=True, max_examples=300, deadline=None)
 TYPES = ["PER", "LOC"]

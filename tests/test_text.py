@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from zhie.core.text import TextTokenizer, reporting_window, windows
 from zhie.encoders import wordpiece_tokenizer
-from zhie.text import TextTokenizer, reporting_window, windows
 
 PIECES = st.one_of(
     st.text(alphabet=st.characters(min_codepoint=0x4E00, max_codepoint=0x4FFF), min_size=1, max_size=4),  # CJK

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from zhie import encoders
+from zhie.core.spans import Span
 from zhie.heads import RelationLogits
 from zhie.model import Model
-from zhie.spans import Span
 from zhie.tasks.ner import NerConfig, NerTask
 from zhie.tasks.relation import RelationConfig, RelationTask
 
@@ -104,7 +104,7 @@ def test_every_triple_up_to_the_overlap_is_found_once(tokenizer):
 @pytest.mark.parametrize("head", ["gp", "crf"])
 def test_an_entity_in_no_window_whole(head, tokenizer):
     """Longer than the overlap and across a cut: the span heads cannot see it; a tagger reports the part in the later
-    window (what the README and ``zhie.text.reporting_window`` say)."""
+    window (what the README and ``zhie.core.text.reporting_window`` say)."""
     task = NerTask(NerConfig(["X"], head=head, max_length=MAX_LENGTH, overlap=OVERLAP), tokenizer)
     start, end = 8, 18  # windows [0, 16) and [10, 26) each see part of it
     model = GoldModel(task, (span_logits if head == "gp" else emissions)(start, end))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import zhie
 from zhie import demo
+from zhie.core.spans import Span
 from zhie.data import NerExample, write_ner_jsonl
-from zhie.spans import Span
 from zhie.training import TrainConfig
 
 NESTED_TEMPLATES = ["{PER}在{ORG}工作。", "{PER}去了{LOC}。", "{ORG}位于{LOC}。", "{PER}毕业于{ORG}，住在{LOC}。",

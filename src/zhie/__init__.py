@@ -10,8 +10,8 @@ __all__ = ["__version__", "fit", "load"]
 
 
 def load(path, device=None, precision="fp32"):
-    """Load a model directory written by ``zhie train`` (see :func:`zhie.pipeline.load`)."""
-    from zhie.pipeline import load as _load
+    """Load a model directory written by ``zhie train`` (see :func:`zhie.deploy.pipeline.load`)."""
+    from zhie.deploy.pipeline import load as _load
 
     return _load(path, device, precision)
 

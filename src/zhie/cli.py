@@ -1,4 +1,5 @@
-"""The ``zhie`` command: train, eval, predict, demo, serve, export, and the tasks' own commands (segment, embed).
+"""The ``zhie`` command: train, eval, predict, demo, serve, export, the training jobs (distill, pretrain), and the
+tasks' own commands (segment, embed).
 
 Tasks are found through the registry (:mod:`zhie.tasks`): ``zhie train TASK`` gets the common training flags plus
 the task's own (``Task.add_arguments``), and a task may add commands (``Task.add_commands``).
@@ -16,10 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-from zhie import stream, tasks
+from zhie import tasks
+from zhie.core.files import atomic_write_text
 from zhie.data import FORMATS, DataError
-from zhie.files import atomic_write_text
+from zhie.deploy import stream
 from zhie.precision import PRECISIONS
+from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int
 
 
 def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -100,7 +103,10 @@ def _train_config(args):
 
 
 TRAIN_HELP = "train a model"
-PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"  # zhie.pretrain's
+# the help lines of the jobs' own parsers (zhie.training.distill's, zhie.training.pretrain's)
+DISTILL_HELP = ("cross-lingual NER: train an MTMT student on unlabelled target text from a recogniser and an "
+                "evaluator (spec 10.3)")
+PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -109,19 +115,32 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _train_parser(sub, command)
+    _eval_parser(sub)
+    _predict_parser(sub)
+    _task_commands(sub, command)
+    _job_parsers(sub, command)
+    _serve_parser(sub)
+    _export_parser(sub)
+    _demo_parser(sub)
+    return parser
 
-    if command in (None, "train"):
-        train = sub.add_parser("train", help=TRAIN_HELP)
-        commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
-        for cls in tasks.all_tasks():
-            p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
-            _train_flags(p, cls.data_flags)
-            group = p.add_argument_group(f"{cls.name} options")
-            cls.add_arguments(group)
-            p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
-    else:
-        sub.add_parser("train", help=TRAIN_HELP)
 
+def _train_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
+    """``zhie train TASK``: the common training flags and each task's own, for every task when ``train`` is asked."""
+    train = sub.add_parser("train", help=TRAIN_HELP)
+    if command not in (None, "train"):
+        return
+    commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
+    for cls in tasks.all_tasks():
+        p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
+        _train_flags(p, cls.data_flags)
+        group = p.add_argument_group(f"{cls.name} options")
+        cls.add_arguments(group)
+        p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+
+
+def _eval_parser(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("eval", help="evaluate a trained model on a labelled file")
     ev.add_argument("model", help="model directory (or a run directory with best/)")
     ev.add_argument("--data", required=True)
@@ -131,37 +150,50 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ev.add_argument("--errors", default=None, metavar="FILE",
                     help="write each error (JSON lines: false positive, false negative, wrong type; CWS: wrong word "
                          "boundaries) with its sentence and offsets, and print the most frequent confusions")
-    ev.add_argument("--batch-size", type=stream.positive_int, default=32)
-    stream.add_batching_flags(ev)
+    ev.add_argument("--batch-size", type=positive_int, default=32)
+    add_batching_flags(ev)
 
+
+def _predict_parser(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="predict with a trained model; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
-    stream.add_prediction_flags(pr)
+    add_prediction_flags(pr)
     ray = pr.add_argument_group("Ray Data (the ray extra): --input PATH(S) of JSONL/text/Parquet, --output DIRECTORY")
     ray.add_argument("--ray", action="store_true", help="predict with one model per Ray worker; sharded JSONL out")
     ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
-    ray.add_argument("--ray-workers", type=stream.positive_int, default=None,
+    ray.add_argument("--ray-workers", type=positive_int, default=None,
                      help="model replicas (default: the cluster's GPUs, else 1)")
     ray.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per worker")
 
-    _task_commands(sub, command)
+
+def _job_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
+    """The training jobs besides ``zhie train`` (``distill``, ``pretrain``): their parsers, from their modules (which
+    import torch), only when asked."""
+    if command in (None, "distill"):
+        from zhie.training import distill
+
+        distill.add_command(sub)
+    else:
+        sub.add_parser("distill", help=DISTILL_HELP)
     if command in (None, "pretrain"):
-        from zhie import pretrain
+        from zhie.training import pretrain
 
         _watch_flags(pretrain.add_command(sub), "<out>-logs")
     else:
         sub.add_parser("pretrain", help=PRETRAIN_HELP)
 
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="serve a model over HTTP (API, request batching, a page at /); the serve extra")
     sv.add_argument("model", help="model directory, run directory with best/, or export directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--max-batch", type=stream.positive_int, default=64,
+    sv.add_argument("--max-batch", type=positive_int, default=64,
                     help="texts per model call, gathered across requests (1: no batching)")
     sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a call waits for more requests")
-    sv.add_argument("--batch-size", type=stream.positive_int, default=32,
+    sv.add_argument("--batch-size", type=positive_int, default=32,
                     help="texts per forward pass inside a call, of similar lengths (as zhie predict's)")
-    sv.add_argument("--max-queue", type=stream.positive_int, default=1024,
+    sv.add_argument("--max-queue", type=positive_int, default=1024,
                     help="texts waiting for the model (503 with Retry-After above)")
     sv.add_argument("--timeout", type=float, default=30.0,
                     help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
@@ -176,6 +208,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
 
+
+def _export_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("export", help="export a model to ONNX (decoding stays outside the graph); the export extra")
     ex.add_argument("model", help="model directory (or a run directory with best/)")
     ex.add_argument("--out", required=True, help="export directory; zhie.load, predict and serve run it on onnxruntime")
@@ -196,20 +230,21 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ex.add_argument("--calibrate-lines", type=int, default=None, metavar="N",
                     help="read the first N texts of --calibrate FILE (default 200)")
 
+
+def _demo_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
     demo.add_argument("--out", default="runs/demo")
     demo.add_argument("--encoder", default="e5-small")
     demo.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
     demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--quiet", action="store_true")
-    return parser
 
 
 def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None:
     """The tasks' own commands (``Task.add_commands``): that of ``command`` from its task, the others of zhie's own
     tasks as their help line (:data:`zhie.tasks.COMMANDS`); every task's for a command zhie does not know (a task of
     an entry point's), or when ``command`` is None."""
-    known = {*tasks.COMMANDS, "train", "eval", "predict", "serve", "export", "demo", "pretrain", ""}
+    known = {*tasks.COMMANDS, "train", "eval", "predict", "serve", "export", "demo", "distill", "pretrain", ""}
     if command is None or command not in known:
         for cls in tasks.all_tasks():
             cls.add_commands(sub)
@@ -243,7 +278,7 @@ def cmd_eval(args) -> None:
         pipe = pipe.member(args.task)
     examples = pipe.task.read(args.data, args.format)
     if args.errors:
-        from zhie import error_report
+        from zhie.deploy import error_report
 
         metrics, errors = error_report.evaluate(pipe, examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
         error_report.write(args.errors, errors)
@@ -258,11 +293,11 @@ def cmd_eval(args) -> None:
 
 def cmd_predict(args) -> None:
     """``zhie predict``: JSON lines ``{"text", OUTPUT_KEY}`` in input order, streamed chunk by chunk
-    (:mod:`zhie.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.ray_predict`)."""
+    (:mod:`zhie.deploy.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
     import zhie
 
     if args.ray:
-        ray_predict = _extra("zhie.ray_predict", "ray")
+        ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
@@ -284,7 +319,7 @@ def prediction_lines(pipe, texts: list[str], batch_size: int = 32, max_tokens: i
 
 def cmd_task_command(args) -> None:
     """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the handler on
-    the input's chunks (:mod:`zhie.stream`)."""
+    each of the input's chunks and write what it returns (:func:`zhie.deploy.stream.write_chunks`)."""
     import zhie
 
     cls, handler = args.task_command
@@ -292,7 +327,10 @@ def cmd_task_command(args) -> None:
     pipe = zhie.load(args.model, precision=args.precision)
     if not isinstance(pipe.task, cls):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a {cls.name} model")
-    handler(pipe, stream.chunks(reader, args.chunk_lines), args)
+    shape = stream.write_chunks(args.output, (handler(pipe, texts, args)
+                                              for texts in stream.chunks(reader, args.chunk_lines)))
+    if shape is not None:
+        print(f"{args.output}: {shape[0]} x {shape[1]} float32", file=sys.stderr)
     reader.report()
 
 
@@ -332,7 +370,7 @@ def _extra(module: str, extra: str):
 
 
 def cmd_serve(args) -> None:
-    serve = _extra("zhie.serve", "serve")
+    serve = _extra("zhie.deploy.serve", "serve")
     limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
     batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
                               max_queue=args.max_queue, timeout=args.timeout or None)
@@ -342,7 +380,7 @@ def cmd_serve(args) -> None:
 
 
 def cmd_export(args) -> None:
-    export = _extra("zhie.export", "export")
+    export = _extra("zhie.deploy.export", "export")
     for module in ("onnxruntime", "onnxscript"):  # onnxscript: torch.onnx.export(dynamo=True) needs it
         _extra(module, "export")
     given = [flag for flag, value in (("--per-channel", args.per_channel), ("--reduce-range", args.reduce_range),
@@ -382,15 +420,20 @@ def calibration_texts(path: str, n: int) -> list[str]:
     return texts
 
 
+def cmd_distill(args) -> None:
+    from zhie.training import distill
+
+    distill.cmd_distill(args)
+
+
 def cmd_pretrain(args) -> None:
-    from zhie import pretrain
+    from zhie.training import pretrain
 
     pretrain.cmd_pretrain(args)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo,
-            "pretrain": cmd_pretrain, "serve": cmd_serve,
-            "export": cmd_export}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo, "distill": cmd_distill,
+            "pretrain": cmd_pretrain, "serve": cmd_serve, "export": cmd_export}
 TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an export runs without them
 
 
@@ -398,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "handler", None)  # a task's own command that is not over texts (zhie distill)
+        handler = getattr(args, "handler", None)  # a task's own command that is not over texts
         (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
     except ModuleNotFoundError as err:
         if err.name not in TORCH_MODULES:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from zhie.core.spans import Span
 from zhie.data import NerExample, write_ner_jsonl
-from zhie.spans import Span
 
 SURNAMES = list("王李张刘陈杨黄赵吴周徐孙马朱胡郭何高林罗郑梁谢宋唐许韩冯邓曹彭曾萧田董袁潘于蒋蔡余杜叶程苏魏吕丁任沈")
 GIVEN = list("伟芳娜敏静丽强磊军洋勇艳杰娟涛明超秀霞平刚桂英华玉萍红娥玲兰凤洁梅琳素云莲真"

@@ -59,8 +59,8 @@ class Model(nn.Module):
                ) -> dict[str, object]:
         """:meth:`forward` on int64 numpy inputs (moved to the model's device), its outputs in fp32 numpy on the host (a
         dataclass output, GPLinker's :class:`~zhie.heads.RelationLogits`, as ``{field: array}``): what the decoders
-        of :mod:`zhie.decoding` read, as from an export (:class:`zhie.runtime.OnnxModel`). Puts the model in eval mode
-        (no dropout), as prediction always has."""
+        of :mod:`zhie.core.decoding` read, as from an export (:class:`zhie.deploy.runtime.OnnxModel`). Puts the model in
+        eval mode (no dropout), as prediction always has."""
         self.eval()
         device = next(self.parameters()).device
         outputs = self(input_ids=torch.from_numpy(np.asarray(input_ids, dtype=np.int64)).to(device),

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from zhie.core.files import atomic_write_text
+from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, iter_lines
 from zhie.data.ner import NerExample
-from zhie.files import atomic_write_text
-from zhie.spans import Span
 
 
 def words_to_example(words: list[str]) -> NerExample:

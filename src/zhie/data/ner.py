@@ -29,9 +29,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zhie.core.files import atomic_write_text
+from zhie.core.spans import Span, tags_to_spans
 from zhie.data.base import DataError, PathLike, iter_lines, json_line
-from zhie.files import atomic_write_text
-from zhie.spans import Span, tags_to_spans
 
 
 @dataclass
@@ -161,7 +161,7 @@ def read_conll(
     when every token in the file is a single character (Chinese character-per-line corpora) and
     " " otherwise (word-per-line corpora such as WikiANN). Span offsets are character offsets
     into that text. ``strip_lang_prefix`` removes a WikiANN-style ``en:`` prefix from each token.
-    Tags are decoded with :func:`zhie.spans.tags_to_spans` under ``scheme``.
+    Tags are decoded with :func:`zhie.core.spans.tags_to_spans` under ``scheme``.
     """
     tags_to_spans([], scheme)  # an unknown scheme is the caller's error (ValueError), not the file's
     sentences: list[list[tuple[int, str, str]]] = []  # (line number, token, tag)

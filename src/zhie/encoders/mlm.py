@@ -1,5 +1,5 @@
 """Masked-language-model pre-training pieces for any zhie encoder: the MLM head, whole-word masking (spec §6.3)
-and the encoder + head module that :mod:`zhie.pretrain` trains.
+and the encoder + head module that :mod:`zhie.training.pretrain` trains.
 
 **Heads.** The decoder is always the encoder's input embedding matrix (tied: ``logits = x E^T``), so a head owns
 only what sits between the last hidden state and that matrix:

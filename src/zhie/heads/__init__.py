@@ -6,7 +6,8 @@ head with a ``layers`` attribute, the average of those layers' states) and the a
 * :class:`GlobalPointer`, :class:`EfficientGlobalPointer` -> masked span logits ``[b, heads, n, n]``;
 * :class:`GPLinkerHead` -> :class:`RelationLogits`;
 * :class:`SoftmaxTagger`, :class:`CrfTagger` -> emissions ``[b, n, tags]`` (with ``loss`` and ``decode``);
-* :class:`Pooling` -> sentence vectors ``[b, D]`` (fp32).
+* :class:`Pooling` -> sentence vectors ``[b, D]`` (fp32);
+* :class:`WordVectors` -> the hidden states after dropout ``[b, n, D]`` (MTMT's evaluator).
 
 A module whose parameters need their own learning rate says so with ``lr_multipliers() -> {name: factor}``
 (:class:`CRF`); :func:`zhie.training.build_param_groups` honours it wherever the module sits.
@@ -15,7 +16,7 @@ A module whose parameters need their own learning rate says so with ``lr_multipl
 from zhie.heads.crf import CRF, bio_allowed_transitions, bmes_allowed_transitions
 from zhie.heads.global_pointer import EfficientGlobalPointer, GlobalPointer, GPLinkerHead, RelationLogits
 from zhie.heads.masking import content_mask, mask_span_logits, masking_value
-from zhie.heads.pooling import POOLINGS, Pooling
+from zhie.heads.pooling import POOLINGS, Pooling, WordVectors
 from zhie.heads.rope import apply_rope, rope_sin_cos
 from zhie.heads.tagger import CrfTagger, SoftmaxTagger
 
@@ -29,6 +30,7 @@ __all__ = [
     "Pooling",
     "RelationLogits",
     "SoftmaxTagger",
+    "WordVectors",
     "apply_rope",
     "bio_allowed_transitions",
     "bmes_allowed_transitions",

@@ -15,7 +15,7 @@ the only python loops are over time steps, with a few small ops per step and no 
   pass (the backward recursion and the marginals) instead of autograd through every step. It is exact in fp32 when
   the transitions and end scores each span at most ``_SCALED_RANGE`` nats (any trained CRF); beyond that (e.g.
   ``-inf`` entries) the plain log-space recursion runs instead, so the result never underflows.
-* Viterbi (decoding): :func:`zhie.decoding.viterbi`, in numpy on the host (the one implementation, shared with
+* Viterbi (decoding): :func:`zhie.core.decoding.viterbi`, in numpy on the host (the one implementation, shared with
   exported models); :meth:`CRF.viterbi` hands it this CRF's scores.
 
 Larger learning rate for the transitions (spec §8.1): the module carries its multiplier (``lr_multiplier``) and
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from zhie import decoding
+from zhie.core import decoding
 
 __all__ = ["CRF", "bio_allowed_transitions", "bmes_allowed_transitions"]
 
@@ -169,8 +169,8 @@ class CRF(nn.Module):
     def viterbi(self, emissions: Tensor, mask: Tensor | None = None, allowed: Tensor | None = None,
                 allowed_start: Tensor | None = None, allowed_end: Tensor | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """Batched Viterbi (:func:`zhie.decoding.viterbi`) -> ``(tags [b, n] long with -1 on padded steps, best scores
-        [b])`` on the emissions' device.
+        """Batched Viterbi (:func:`zhie.core.decoding.viterbi`) -> ``(tags [b, n] long with -1 on padded steps, best
+        scores [b])`` on the emissions' device.
 
         ``allowed [L, L]`` (bool, ``allowed[i, j]`` = tag ``j`` may follow tag ``i``), ``allowed_start [L]``
         and ``allowed_end [L]`` restrict the paths (e.g. from :func:`bio_allowed_transitions`); forbidden
@@ -270,10 +270,10 @@ class _ScaledLogPartition(torch.autograd.Function):
 # transition constraints
 # ----------------------------------------------------------------------------------------------------
 def bio_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`zhie.decoding.bio_allowed_transitions` as bool tensors."""
+    """:func:`zhie.core.decoding.bio_allowed_transitions` as bool tensors."""
     return tuple(torch.from_numpy(a) for a in decoding.bio_allowed_transitions(labels))
 
 
 def bmes_allowed_transitions(labels: list[str]) -> tuple[Tensor, Tensor, Tensor]:
-    """:func:`zhie.decoding.bmes_allowed_transitions` as bool tensors."""
+    """:func:`zhie.core.decoding.bmes_allowed_transitions` as bool tensors."""
     return tuple(torch.from_numpy(a) for a in decoding.bmes_allowed_transitions(labels))

@@ -1,12 +1,13 @@
-"""Sentence vectors from token states (spec §4): ``cls``, ``mean`` and ``first-last-avg`` pooling."""
+"""Vectors from token states: sentence vectors by ``cls``, ``mean`` and ``first-last-avg`` pooling (spec §4), and the
+word vectors of MTMT's similarity evaluator (spec §10.2)."""
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
-from zhie.decoding import POOLINGS
+from zhie.core.decoding import POOLINGS
 
-__all__ = ["POOLINGS", "Pooling"]
+__all__ = ["POOLINGS", "Pooling", "WordVectors"]
 
 
 class Pooling(nn.Module):
@@ -37,3 +38,15 @@ class Pooling(nn.Module):
 
     def extra_repr(self) -> str:
         return f"mode={self.mode!r}"
+
+
+class WordVectors(nn.Module):
+    """The evaluator's head (:class:`zhie.tasks.xner.XnerEvaluatorTask`): the encoder's last hidden states after
+    dropout, ``[b, n, D]`` (no weights)."""
+
+    def __init__(self, dropout: float = 0.1) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        return self.dropout(hidden)

@@ -3,8 +3,8 @@ the CRF-free baseline, spec §8.2) or by constrained Viterbi (:class:`CrfTagger`
 
 Both return the same output type from ``forward``: emissions ``[b, n, num_tags]``. Their ``loss(emissions, tags)``
 takes tag ids with ``-100`` on positions that carry no tag (special tokens, padding; right padding only for the
-CRF) and returns the mean loss in fp32. Decoding is :mod:`zhie.decoding`'s (argmax; :func:`~zhie.decoding.viterbi`
-with the constraints of the scheme), on the emissions as numpy arrays.
+CRF) and returns the mean loss in fp32. Decoding is :mod:`zhie.core.decoding`'s (argmax;
+:func:`~zhie.core.decoding.viterbi` with the constraints of the scheme), on the emissions as numpy arrays.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from zhie.decoding import CONSTRAINTS
+from zhie.core.decoding import CONSTRAINTS
 from zhie.heads.crf import CRF
 
 __all__ = ["CrfTagger", "SoftmaxTagger"]

@@ -20,9 +20,7 @@ MODULES = {"ner": "ner", "cws": "cws", "re": "relation", "similarity": "similari
 
 # the commands of zhie's own tasks (``Task.add_commands``): command -> (its task, its line in `zhie --help`)
 COMMANDS = {"segment": ("cws", "segment text into words with a trained cws model"),
-            "embed": ("similarity", "sentence vectors from a trained sentence-embedding model"),
-            "distill": ("xner-evaluator", "cross-lingual NER: train an MTMT student on unlabelled target text from a "
-                                          "recogniser and an evaluator (spec 10.3)")}
+            "embed": ("similarity", "sentence vectors from a trained sentence-embedding model")}
 
 _REGISTRY: dict[str, type] = {}
 _ALIASES: dict[str, str] = {}

@@ -4,8 +4,8 @@ A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:
 :func:`zhie.fit` and :func:`zhie.load` use it through that registry.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
-by :mod:`zhie.decoding`) so that an export predicts without torch (:mod:`zhie.runtime`); what trains (heads, losses,
-tensors) is imported where it is used.
+by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.deploy.runtime`); what trains (heads,
+losses, tensors) is imported where it is used.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from zhie import card
-from zhie.files import replace_dir
-from zhie.precision import autocast
-from zhie.text import Encoding, TextTokenizer, reporting_window, windows
+from zhie.core import card
+from zhie.core.files import replace_dir
+from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
+from zhie.precision import PRECISIONS, autocast
 from zhie.version import __version__
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
     fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``),
     ``zhie.json`` (task, its configuration, model format, zhie version), what ``files(directory)`` writes,
     ``training.json`` (``record``: how a training run made the model, :mod:`zhie.training.record`) when given, and
-    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.card`).
+    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.core.card`).
     """
     from safetensors.torch import save_file
 
@@ -352,22 +352,23 @@ class Task:
 
     def errors(self, example, prediction) -> list[dict]:
         """What ``prediction`` gets wrong against the labelled ``example`` (``zhie eval --errors``,
-        :mod:`zhie.error_report`): one JSON-able dict per error with ``kind``, character offsets ``start`` and ``end``
-        (exclusive), and ``gold`` and ``predicted`` (strings, or None where that side has nothing), which the report
-        counts as confusions."""
+        :mod:`zhie.deploy.error_report`): one JSON-able dict per error with ``kind``, character offsets ``start`` and
+        ``end`` (exclusive), and ``gold`` and ``predicted`` (strings, or None where that side has nothing), which the
+        report counts as confusions."""
         raise ValueError(f"the {self.name} task has no error report; leave out --errors")
 
     def describe(self) -> dict:
-        """What the model card (:mod:`zhie.card`) says of this task's model: ``summary`` (one line), ``pipeline_tag``
-        (the Hub's), ``metrics`` (their Hub names), ``labels`` (``{"title", "values"}`` or None) and ``limits``
-        (sentences); optionally ``language`` (the Hub's code; default ``"zh"``, None: not known); a multi-task model
-        adds ``members``, the name and ``describe()`` of each."""
+        """What the model card (:mod:`zhie.core.card`) says of this task's model: ``summary`` (one line),
+        ``pipeline_tag`` (the Hub's), ``metrics`` (their Hub names), ``labels`` (``{"title", "values"}`` or None) and
+        ``limits`` (sentences); optionally ``language`` (the Hub's code; default ``"zh"``, None: not known); a
+        multi-task model adds ``members``, the name and ``describe()`` of each."""
         return {"summary": self.help or f"the {self.name} task", "pipeline_tag": "token-classification",
                 "metrics": [self.metric], "labels": None, "limits": []}
 
     @classmethod
     def add_commands(cls, commands: argparse._SubParsersAction) -> None:
-        """Commands of the task's own (``zhie segment``, ``zhie embed``); each sets ``handler=function(args)``."""
+        """Commands of the task's own (``zhie segment``, ``zhie embed``): a command over texts with
+        :func:`add_text_command`, any other one setting ``handler=function(args)``."""
 
     def prior_loss(self, items: list, batch_size: int) -> float:
         """The loss of a model that knows only the labels' statistics, on the training ``items`` in batches of
@@ -428,19 +429,53 @@ def only_auto_format(format: str, what: str) -> None:
         raise ValueError(f"--format {format} does not apply to {what}; leave it out")
 
 
+# ------------------------------------------------------------------------------------------------- commands over texts
+CHUNK_LINES = 4096
+
+
 def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
                      batch_size: int = 32, **flags) -> argparse.ArgumentParser:
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
-    checks that it is a ``task`` model and calls ``handler(pipeline, chunks, args)`` with the input's texts in lists
-    of ``--chunk-lines`` (read lazily: the handler writes each chunk's results before the next is read).
-    ``flags``: keywords of :func:`zhie.stream.add_prediction_flags` (``output_help``)."""
-    from zhie.stream import add_prediction_flags
-
+    checks that it is a ``task`` model, reads the input lazily in chunks of ``--chunk-lines`` texts and writes
+    ``handler(pipeline, texts, args)`` of each chunk before it reads the next (:mod:`zhie.deploy.stream`): a list of
+    lines, or a float32 matrix whose rows go to the ``.npy`` file of ``--output``. ``flags``: keywords of
+    :func:`add_prediction_flags` (``output_help``)."""
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(p, batch_size, **flags)
     p.set_defaults(task_command=(task, handler))
     return p
+
+
+def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32,
+                         output_help: str = "write the JSON lines to this file (all or nothing) instead of stdout"
+                         ) -> None:
+    """The input, output and batching flags that ``zhie predict``, ``segment`` and ``embed`` share."""
+    p.add_argument("texts", nargs="*", help="texts to process (or use --input)")
+    p.add_argument("--input", nargs="+", action="extend", default=[], metavar="FILE",
+                   help="one text per line, or JSON lines with a 'text' field; - reads stdin; read as a stream")
+    p.add_argument("--output", default=None, metavar="FILE", help=output_help)
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip lines that are not UTF-8 or JSON without a string 'text' (their count goes to stderr)")
+    p.add_argument("--chunk-lines", type=positive_int, default=CHUNK_LINES,
+                   help="texts read, sorted by length and written per chunk (memory is bounded by this)")
+    p.add_argument("--batch-size", type=positive_int, default=batch_size, help="texts (windows) per model batch")
+    add_batching_flags(p)
+
+
+def add_batching_flags(p: argparse.ArgumentParser) -> None:
+    """``--max-tokens`` and ``--precision`` (also ``zhie eval``'s)."""
+    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
+                   help="batches of at most N padded tokens over length-sorted texts instead of --batch-size texts")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
 
 
 def rename_weights(weights: dict[str, Tensor], renames: dict[str, str | None]) -> dict[str, Tensor]:
@@ -478,7 +513,7 @@ class Pipeline:
 
     ``precision`` (``fp32``, ``bf16``, ``fp16``): the encoder's precision in ``predict`` and ``evaluate``
     (:mod:`zhie.precision`; decoding stays fp32). ``model``: a :class:`zhie.model.Model`, or an export's
-    :class:`zhie.runtime.OnnxModel` (CPU, fp32).
+    :class:`zhie.deploy.runtime.OnnxModel` (CPU, fp32).
     """
 
     def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:
@@ -519,10 +554,21 @@ class Pipeline:
 Task.pipeline_class = Pipeline
 
 
+def load_pipeline(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:
+    """The pipeline of the model directory ``path`` (written by ``zhie train``, or its run directory), its task found
+    in the registry by ``zhie.json``: torch models only (:func:`zhie.load`, :func:`zhie.deploy.pipeline.load`, also
+    load exports). For what trains from a saved model (a pre-training segmenter, distillation's teachers)."""
+    from zhie import tasks
+
+    cls = tasks.get(str(read_meta(path).get("task")))
+    task, model = cls.load(path)
+    return cls.pipeline_class(task, model, device, precision)
+
+
 # ------------------------------------------------------------------------------------------------- windows
 class WindowedTask(Task):
     """What the span tasks share (config has ``mode``, ``max_length`` and ``overlap``): model inputs, windows over
-    long texts, and the rule that decides which window reports a hit (:func:`zhie.text.reporting_window`).
+    long texts, and the rule that decides which window reports a hit (:func:`zhie.core.text.reporting_window`).
 
     Subclasses implement ``decode(model, outputs, attention_mask) -> one list of hits per row``; a hit has
     ``extent``, its content tokens ``(start, end)`` (end exclusive) relative to its window.

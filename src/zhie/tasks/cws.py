@@ -12,14 +12,12 @@ import json
 import os
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 
+from zhie.core.metrics import segmentation_prf
+from zhie.core.spans import Span
 from zhie.data import NerExample
 from zhie.data.cws import read_segmented
-from zhie.metrics import segmentation_prf
-from zhie.spans import Span
-from zhie.stream import write_lines
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, WindowedTask, add_text_command, only_auto_format
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
@@ -75,7 +73,7 @@ class SegmenterPipeline(Pipeline):
 
 @register
 class CwsTask(NerTask):
-    """Words of a text: ``predict`` returns, per text, the :class:`zhie.spans.Span` of each word (label ``""``),
+    """Words of a text: ``predict`` returns, per text, the :class:`zhie.core.spans.Span` of each word (label ``""``),
     a partition of the text."""
 
     name = "cws"
@@ -175,15 +173,11 @@ class CwsTask(NerTask):
         self.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
 
 
-def segment(pipe: SegmenterPipeline, chunks: Iterable[list[str]], args) -> None:
-    """``zhie segment``: words separated by two spaces, or JSON lines with ``--json``; chunk by chunk, in input
-    order."""
-
-    def lines(texts: list[str]) -> list[str]:
-        words = pipe.predict(texts, batch_size=args.batch_size, max_tokens=args.max_tokens)
-        if args.json:
-            return [json.dumps({"text": t, "words": pipe.task.to_json(w)}, ensure_ascii=False)
-                    for t, w in zip(texts, words)]
-        return ["  ".join(s.text for s in w if not s.text.isspace()) for w in words]
-
-    write_lines(args.output, map(lines, chunks))
+def segment(pipe: SegmenterPipeline, texts: list[str], args) -> list[str]:
+    """``zhie segment`` on one chunk of texts, its lines in input order: words separated by two spaces, or JSON lines
+    with ``--json``."""
+    words = pipe.predict(texts, batch_size=args.batch_size, max_tokens=args.max_tokens)
+    if args.json:
+        return [json.dumps({"text": t, "words": pipe.task.to_json(w)}, ensure_ascii=False)
+                for t, w in zip(texts, words)]
+    return ["  ".join(s.text for s in w if not s.text.isspace()) for w in words]

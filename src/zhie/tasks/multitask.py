@@ -79,9 +79,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zhie import tasks
+from zhie.core.text import TextTokenizer
 from zhie.tasks import register
 from zhie.tasks.base import Pipeline, Task, WindowedTask
-from zhie.text import TextTokenizer
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -4,18 +4,18 @@ Heads (spec §1, §2, §8), in two families with one output type each:
 
 * span heads ``gp`` / ``egp`` — (Efficient) GlobalPointer: span logits ``[b, types, n, n]``, trained with the
   sparse multilabel categorical cross-entropy on index labels; a span is predicted where its masked logit is > 0
-  (:func:`zhie.decoding.span_cells`, at most ``max_spans`` per window). Flat and nested data (:class:`SpanLabels`).
+  (:func:`zhie.core.decoding.span_cells`, at most ``max_spans`` per window). Flat and nested data (:class:`SpanLabels`).
 * taggers ``crf`` / ``softmax`` — emissions ``[b, n, tags]`` over BIO tags (O = 0, B-c = 2c+1, I-c = 2c+2); the
-  CRF decodes with Viterbi restricted to valid BIO paths (:mod:`zhie.decoding`). Flat data only: nested spans are
+  CRF decodes with Viterbi restricted to valid BIO paths (:mod:`zhie.core.decoding`). Flat data only: nested spans are
   refused, unless ``flatten`` keeps the outermost ones (:class:`TagLabels`).
 * word-level tagging (``--mode word``: ``words=True`` on sub-word tokens, softmax head; :class:`WordLabels`,
-  :mod:`zhie.words`) — one BIO tag per whitespace-separated word, on its first sub-word; the other sub-words and
+  :mod:`zhie.core.words`) — one BIO tag per whitespace-separated word, on its first sub-word; the other sub-words and
   the special tokens carry no loss and no prediction (spec §10.2, the MTMT recogniser and student).
 
 Token positions: model inputs are ``[CLS] content [SEP]``; content token ``t`` sits at position ``t + 1``.
 Texts longer than ``max_length`` are cut into windows overlapping by ``overlap`` tokens (training: every window is
 an example, for the taggers cut between entities; prediction: each entity is reported by the window that contains
-it whole and most centrally, :func:`zhie.text.reporting_window`, which says what happens to longer entities).
+it whole and most centrally, :func:`zhie.core.text.reporting_window`, which says what happens to longer entities).
 
 Entity scores: GP/EGP ``sigmoid(2 * logit)`` (the calibrated probability of the MCE loss, spec §0.2);
 taggers: the mean over the entity's tokens of the softmax probability of their tags (for the CRF, of the
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zhie import decoding
+from zhie.core import decoding
+from zhie.core.metrics import label_errors, prf_table, span_prf
+from zhie.core.spans import BatchTagDecoder, Span, spans_to_tags
+from zhie.core.text import windows
+from zhie.core.words import word_heads, word_ranges, word_spans, word_tags
 from zhie.data import NerExample, read_ner
-from zhie.metrics import label_errors, prf_table, span_prf
-from zhie.spans import BatchTagDecoder, Span, spans_to_tags
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
-from zhie.text import windows
-from zhie.words import word_heads, word_ranges, word_spans, word_tags
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -249,7 +249,7 @@ class TagLabels:
 
 class WordLabels(TagLabels):
     """Word-level softmax tagging: tags on each word's first sub-word (the rest are ``IGNORE``: no loss), and per
-    token argmax hits, from which :meth:`NerTask.from_hits` reads the words' tags (:mod:`zhie.words`)."""
+    token argmax hits, from which :meth:`NerTask.from_hits` reads the words' tags (:mod:`zhie.core.words`)."""
 
     cut_at_right_edge = False  # a hit is one token: the window where it is most central reports it
 
@@ -287,7 +287,7 @@ def is_nested(spans: list[Span]) -> bool:
 
 @register
 class NerTask(WindowedTask):
-    """Entities of a text: ``predict`` returns, per text, a sorted list of :class:`zhie.spans.Span` with
+    """Entities of a text: ``predict`` returns, per text, a sorted list of :class:`zhie.core.spans.Span` with
     ``label`` and ``score`` (nested spans for GP/EGP models trained on nested data)."""
 
     name = "ner"
@@ -420,7 +420,7 @@ class NerTask(WindowedTask):
 
     def word_entities(self, texts: list[str], hits) -> list[list[Span]]:
         """Word-level tagging: each word takes the tag its first sub-word's hit carries (``O`` for a word without
-        one), and the words' BIO tags become character spans (:func:`zhie.words.word_spans`)."""
+        one), and the words' BIO tags become character spans (:func:`zhie.core.words.word_spans`)."""
         token_tags: list[dict[int, tuple[int, float]]] = [{} for _ in texts]
         encodings = {}
         for i, enc, a, hit in hits:

@@ -10,11 +10,11 @@ A triple (s, p, o) is predicted when s and o are entity cells > 0 and both linki
 are sparse cell indices, the loss is the sparse multilabel categorical cross-entropy with ``mask_zero``
 (cell 0 = ``([CLS], [CLS])`` is padding), summed over heads, averaged over the batch, summed over the three
 modules. Decoding gathers the linking scores of every subject x object pair at once
-(:func:`zhie.decoding.link_relations`, in numpy, no loop over cells). A relation's score is the smallest
+(:func:`zhie.core.decoding.link_relations`, in numpy, no loop over cells). A relation's score is the smallest
 ``sigmoid(2 * logit)`` of its four cells.
 
 Long texts go through overlapping windows; a triple is reported by the window that contains its extent (from the
-first to the last token of its two mentions) whole and most centrally (:func:`zhie.text.reporting_window`).
+first to the last token of its two mentions) whole and most centrally (:func:`zhie.core.text.reporting_window`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from zhie import decoding
+from zhie.core import decoding
+from zhie.core.metrics import label_errors, prf_table, span_prf
+from zhie.core.spans import Span
+from zhie.core.text import windows
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
-from zhie.metrics import label_errors, prf_table, span_prf
-from zhie.spans import Span
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, only_auto_format, rename_weights, sparse_cells
-from zhie.text import windows
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -91,7 +91,7 @@ class RelationWindow:
 @register
 class RelationTask(WindowedTask):
     """Triples of a text: ``predict`` returns, per text, a list of :class:`zhie.data.spo.Triple` (subject and
-    object as :class:`zhie.spans.Span` with exact offsets, predicate, score)."""
+    object as :class:`zhie.core.spans.Span` with exact offsets, predicate, score)."""
 
     name = "re"
     help = "relation extraction with GPLinker (triples)"
@@ -198,7 +198,7 @@ class RelationTask(WindowedTask):
     # --------------------------------------------------------------------------------------- decoding
     def decode(self, model, outputs: dict, attention_mask: np.ndarray) -> list[list[TokenTriple]]:
         """Head output (numpy: ``{entity, head_head, tail_tail}``) -> per row the triples over the window's content
-        token positions (:func:`zhie.decoding.link_relations`, with the caps of the config)."""
+        token positions (:func:`zhie.core.decoding.link_relations`, with the caps of the config)."""
         logits, c = outputs[self.head_name], self.config
         return [[TokenTriple((sh - 1, st), pp, (oh - 1, ot), sc) for sh, st, pp, oh, ot, sc in zip(
                     subjects[si, 0].tolist(), subjects[si, 1].tolist(), p.tolist(), objects[oi, 0].tolist(),
@@ -264,7 +264,8 @@ class RelationTask(WindowedTask):
 
 def relation_metrics(gold: list[SpoExample], pred: list[list[Triple]]) -> dict:
     """Triple P/R/F1 on (subject text, predicate, object text) sets per text, overall and per predicate
-    (``per_type``, as :func:`zhie.metrics.span_prf` gives it), plus entity F1 on located (start, end, role) spans."""
+    (``per_type``, as :func:`zhie.core.metrics.span_prf` gives it), plus entity F1 on located (start, end, role)
+    spans."""
 
     def keyed(triples):
         return [(s, o, p) for s, p, o in (t.key() for t in triples)]

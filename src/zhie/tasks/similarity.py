@@ -16,18 +16,15 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from zhie.core.decoding import POOLINGS, l2_normalize
+from zhie.core.metrics import spearman
 from zhie.data.sts import Pair, read_pairs
-from zhie.decoding import POOLINGS, l2_normalize
-from zhie.metrics import spearman
-from zhie.stream import write_lines, write_npy
 from zhie.tasks import register
 from zhie.tasks.base import (
     Pipeline,
@@ -169,8 +166,8 @@ class SimilarityTask(Task):
     def head_loss(self, head: nn.Module, vectors: Tensor, batch: dict[str, Tensor]) -> Tensor:
         import torch.nn.functional as F
 
+        from zhie.dist import all_gather_with_grad
         from zhie.losses import cosent_loss, cosine_mse_loss
-        from zhie.training.dist import all_gather_with_grad
 
         c = self.config
         cos = F.cosine_similarity(vectors[0::2], vectors[1::2], dim=-1)
@@ -242,17 +239,12 @@ class SimilarityTask(Task):
         return meta, rename_weights(weights, {"classifier.": None})
 
 
-def embed(pipe: SentencePipeline, chunks: Iterable[list[str]], args) -> None:
-    """``zhie embed``: JSON lines with the vectors, or a ``.npy`` file with ``--output``; chunk by chunk, in input
-    order."""
-
-    def vectors(texts: list[str]) -> np.ndarray:
-        return pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize,
-                           max_tokens=args.max_tokens)
-
+def embed(pipe: SentencePipeline, texts: list[str], args) -> np.ndarray | list[str]:
+    """``zhie embed`` on one chunk of texts, in input order: the vectors (rows of the ``.npy`` file of ``--output``),
+    or JSON lines with them."""
+    vectors = pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize,
+                          max_tokens=args.max_tokens)
     if args.output:
-        rows, width = write_npy(args.output, map(vectors, chunks))
-        print(f"{args.output}: {rows} x {width} float32", file=sys.stderr)
-    else:
-        write_lines(None, ([json.dumps({"text": t, "embedding": pipe.task.to_json(v)}, ensure_ascii=False)
-                            for t, v in zip(texts, vectors(texts))] for texts in chunks))
+        return vectors
+    return [json.dumps({"text": t, "embedding": pipe.task.to_json(v)}, ensure_ascii=False)
+            for t, v in zip(texts, vectors)]

@@ -1,49 +1,39 @@
 """Cross-lingual NER by multi-task, multi-teacher distillation (MTMT, ACL 2022; spec §10).
 
-Three models, all word-level (one prediction per word, on its first sub-word: :mod:`zhie.words`):
+Three models, all word-level (one prediction per word, on its first sub-word: :mod:`zhie.core.words`):
 
 * the **entity recogniser** (teacher 1) is an ordinary word-level NER model on the labelled source language:
   ``zhie train ner --mode word --head softmax`` (dropout -> linear -> softmax, CE on first sub-words, spec §10.2);
 * the **similarity evaluator** (teacher 2) is the task ``xner-evaluator`` here: a Siamese encoder over two sentences
   each with one selected word; its prediction is ``σ(cos(e_1, e_2))`` of the two words' last hidden states (after
   dropout), trained with BCE against "the two words have the same BIO tag", on word pairs from
-  :func:`zhie.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
-* the **student** (``zhie distill``, :func:`distill`): one fresh encoder + one linear head, trained on unlabelled
-  target-language pairs with :func:`zhie.mtmt.mtmt_loss`; it is saved as an ordinary word-level NER model
-  directory, so ``zhie predict``/``eval``/``serve`` take it as they are.
+  :func:`zhie.losses.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
+* the **student** (``zhie distill``): one fresh encoder + one linear head, trained on unlabelled target-language
+  pairs with :func:`zhie.losses.mtmt.mtmt_loss`, is a job on the training engine: :mod:`zhie.training.distill`, which
+  reads the target words through this module's :func:`word_inputs` and :func:`word_outputs`.
 
-The teachers run in eval mode (their outputs are fixed) on each process's own device: the recogniser once over the
-target sentences before the student trains, for the predicted tags that the pairs are drawn by, then both on each
-batch of pairs, inside the batch's ``collate``: the recogniser's probabilities and the evaluator's similarity at the
-batch's words are computed per batch and never held for the whole target set.
+Like every task module this one imports torch only where it trains or runs a torch model.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor, nn
 
-from zhie.data import FORMATS, NerExample, read_ner
-from zhie.data.base import read_texts
-from zhie.files import atomic_write_text
-from zhie.metrics import prf
-from zhie.model import Model
-from zhie.mtmt import bce, mtmt_loss, sample_pairs, sigmoid_cosine
+from zhie.core.metrics import prf
+from zhie.core.text import TextTokenizer
+from zhie.core.words import word_heads, word_ranges, word_tags
+from zhie.data import NerExample, read_ner
 from zhie.tasks import register
-from zhie.tasks.base import Evaluator, Task, device_of, model_inputs, sorted_batches
-from zhie.tasks.ner import NerTask
-from zhie.text import TextTokenizer
-from zhie.words import word_heads, word_ranges, word_tags
+from zhie.tasks.base import Task, device_of, model_inputs, sorted_batches
 
-__all__ = ["XnerEvaluatorTask", "distill"]
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+__all__ = ["XnerEvaluatorTask", "word_inputs", "word_outputs"]
 
 
 # ------------------------------------------------------------------------------------------------- words in, rows out
@@ -58,6 +48,8 @@ def pair_inputs(tt: TextTokenizer, a: list[list[int]], b: list[list[int]], a_wor
                 ) -> dict[str, Tensor]:
     """A batch of B sentence pairs as 2B model inputs, the first sentences then the second ones; ``positions`` are
     the selected words' first sub-words in the model inputs (content index + 1 for ``[CLS]``)."""
+    import torch
+
     batch = model_inputs([tt.model_input(ids) for ids in a + b], tt.pad_id)
     batch["positions"] = torch.tensor([w + 1 for w in a_word + b_word], dtype=torch.long)
     return batch
@@ -65,39 +57,32 @@ def pair_inputs(tt: TextTokenizer, a: list[list[int]], b: list[list[int]], a_wor
 
 def selected_rows(output: Tensor, positions: Tensor) -> Tensor:
     """``output[b, positions[b]]`` in fp32: ``[2B, X]`` from ``[2B, n, X]``."""
+    import torch
+
     return output[torch.arange(output.shape[0], device=output.device), positions].float()
 
 
-@torch.no_grad()
 def word_outputs(model, head_name: str, tt: TextTokenizer, inputs: list[tuple[list[int], list[int]]],
                  batch_size: int = 64) -> list[Tensor]:
     """Per sentence of ``inputs`` (from :func:`word_inputs`), the fp32 output of head ``head_name`` at each word's
-    first sub-word, ``[n_words, X]`` on the CPU (a zero row for a word without one)."""
+    first sub-word, ``[n_words, X]`` on the CPU (a zero row for a word without one); without gradients."""
+    import torch
+
     model.eval()
     device = device_of(model)
     out: list[Tensor] = [torch.zeros(0)] * len(inputs)
-    for idx in sorted_batches([len(ids) for ids, _ in inputs], batch_size):
-        batch = model_inputs([tt.model_input(inputs[i][0]) for i in idx], tt.pad_id)
-        y = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                  heads=[head_name])[head_name].float().cpu()
-        for row, i in enumerate(idx):
-            heads = torch.tensor(inputs[i][1], dtype=torch.long)
-            out[i] = y[row, heads.clamp(min=0) + 1] * (heads >= 0).unsqueeze(-1)
+    with torch.no_grad():
+        for idx in sorted_batches([len(ids) for ids, _ in inputs], batch_size):
+            batch = model_inputs([tt.model_input(inputs[i][0]) for i in idx], tt.pad_id)
+            y = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                      heads=[head_name])[head_name].float().cpu()
+            for row, i in enumerate(idx):
+                heads = torch.tensor(inputs[i][1], dtype=torch.long)
+                out[i] = y[row, heads.clamp(min=0) + 1] * (heads >= 0).unsqueeze(-1)
     return out
 
 
 # ------------------------------------------------------------------------------------------------- the evaluator
-class WordVectors(nn.Module):
-    """The evaluator's head: the encoder's last hidden states after dropout, ``[b, n, D]`` (no weights)."""
-
-    def __init__(self, dropout: float = 0.1) -> None:
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        return self.dropout(hidden)
-
-
 @dataclass
 class EvaluatorConfig:
     tags: list[str]              # the BIO tags whose equality the evaluator learns
@@ -155,6 +140,8 @@ class XnerEvaluatorTask(Task):
                                pairs=pairs, dev_pairs=dev_pairs, balanced=balanced)
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
+        from zhie.heads import WordVectors
+
         return {self.head_name: WordVectors(self.config.dropout)}
 
     def sentences(self, examples: list[NerExample]) -> tuple[list[tuple[list[int], list[int]]], list[list]]:
@@ -165,6 +152,8 @@ class XnerEvaluatorTask(Task):
         return inputs, tags
 
     def pairs(self, examples: list[NerExample], n: int, seed: int) -> tuple[list, list[WordPair]]:
+        from zhie.losses.mtmt import sample_pairs
+
         inputs, tags = self.sentences(examples)
         pairs = sample_pairs(tags, n, balanced=self.config.balanced, seed=seed)
         return pairs, [WordPair(inputs[i][0], inputs[i][1][w], inputs[j][0], inputs[j][1][v], float(same))
@@ -176,6 +165,8 @@ class XnerEvaluatorTask(Task):
         return items
 
     def collate(self, items: list[WordPair]) -> dict[str, Tensor]:
+        import torch
+
         batch = pair_inputs(self.text_tokenizer, [it.a for it in items], [it.b for it in items],
                             [it.a_word for it in items], [it.b_word for it in items])
         batch["labels"] = torch.tensor([it.label for it in items], dtype=torch.float32)
@@ -183,6 +174,8 @@ class XnerEvaluatorTask(Task):
 
     def head_loss(self, head: nn.Module, output: Tensor, batch: dict[str, Tensor]) -> Tensor:
         """Mean BCE of ``σ(cos(e_1, e_2))`` against the same-tag label."""
+        from zhie.losses.mtmt import bce, sigmoid_cosine
+
         vectors = selected_rows(output, batch["positions"])
         half = batch["labels"].shape[0]
         return bce(sigmoid_cosine(vectors[:half], vectors[half:]), batch["labels"]).mean()
@@ -200,6 +193,10 @@ class XnerEvaluatorTask(Task):
     def evaluate(self, model, examples: list[NerExample], batch_size: int = 64, max_tokens: int | None = None) -> dict:
         """F1 (and accuracy) of "same tag" = ``σ(cos) >= 0.5`` on ``dev_pairs`` class-balanced pairs of ``examples``
         (the official evaluator's sklearn F1), and their mean BCE."""
+        import torch
+
+        from zhie.losses.mtmt import bce, sigmoid_cosine
+
         pairs, items = self.pairs(examples, self.config.dev_pairs, self.config.pair_seed + 1)
         used = sorted({i for (i, _), (j, _), _ in pairs} | {j for _, (j, _), _ in pairs})
         inputs = [word_inputs(self.text_tokenizer, examples[i].text, self.config.max_length) for i in used]
@@ -212,213 +209,3 @@ class XnerEvaluatorTask(Task):
         accuracy = float((said == (labels == 1)).float().mean())
         return {**prf(tp, int(said.sum()), int(labels.sum())), "accuracy": accuracy,
                 "bce": float(bce(sim, labels).mean()), "pairs": len(pairs)}
-
-    @classmethod
-    def add_commands(cls, commands: argparse._SubParsersAction) -> None:
-        add_distill_command(commands)
-
-
-# ------------------------------------------------------------------------------------------------- the student
-@dataclass
-class DistillPair:
-    """One training item of the student: two target sentences (their indices) and a word of each (its index)."""
-
-    a: int
-    a_word: int
-    b: int
-    b_word: int
-
-
-class MtmtObjective(nn.Module):
-    """``objective(model, batch)``: the student's loss (:func:`zhie.mtmt.mtmt_loss`) on a batch of pairs.
-
-    One encoder pass over the 2B sentences; at the selected words the head's dropout gives ``h`` (the official
-    student's ``output``), its linear layer the logits, ``p^S = softmax(logits)`` and ``s^S = σ(cos(h_1, h_2))``.
-    """
-
-    def __init__(self, head_name: str, loss_alpha: float = 0.5, alpha: bool = True, beta: bool = True,
-                 gamma: bool = True, similarity: bool = True) -> None:
-        super().__init__()
-        self.head_name = head_name
-        self.switches = {"loss_alpha": loss_alpha, "alpha": alpha, "beta": beta, "gamma": gamma,
-                         "similarity": similarity}
-
-    def forward(self, model, batch: dict[str, Tensor]) -> Tensor:
-        hidden = model.encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        head = model.heads[self.head_name]
-        h = head.dropout(selected_rows(hidden, batch["positions"]))
-        probs = head.dense(h).float().softmax(-1)
-        half = batch["teacher_sim"].shape[0]
-        return mtmt_loss(probs[:half], probs[half:], sigmoid_cosine(h[:half], h[half:]),
-                         batch["teacher_probs"][:half], batch["teacher_probs"][half:], batch["teacher_sim"],
-                         **self.switches)
-
-
-def read_target(path: str | os.PathLike, format: str = "auto") -> list[str]:
-    """Texts of the unlabelled target set: ``format="text"`` one per line (or JSON lines with "text"); otherwise a
-    NER file read as ``zhie train ner`` would (its labels unused)."""
-    return read_texts(path) if format == "text" else [ex.text for ex in read_ner(path, format)]
-
-
-class Teachers:
-    """The recogniser and the evaluator on ``device`` in eval mode, and every target sentence's inputs
-    (:func:`word_inputs`) for the student, the recogniser and the evaluator (``inputs[0]``, ``[1]``, ``[2]``): a word
-    whose first sub-word is missing for any of the three tokenizers has -1 in the student's, so that it is never
-    selected."""
-
-    def __init__(self, recognizer: tuple[NerTask, Model], evaluator: tuple[XnerEvaluatorTask, Model],
-                 student_tt: TextTokenizer, texts: list[str], max_length: int, device: torch.device) -> None:
-        self.tasks = (recognizer[0], evaluator[0])
-        self.models = tuple(model.to(device).eval() for _, model in (recognizer, evaluator))
-        self.tokenizers = (student_tt, *(task.text_tokenizer for task in self.tasks))
-        self.device = device
-        rec_in, ev_in = ([word_inputs(task.text_tokenizer, t, task.config.max_length) for t in texts]
-                         for task in self.tasks)
-        student_in = []
-        for t, (_, rh), (_, eh) in zip(texts, rec_in, ev_in):
-            ids, heads = word_inputs(student_tt, t, max_length)
-            student_in.append((ids, [h if min(h, r, e) >= 0 else -1 for h, r, e in zip(heads, rh, eh)]))
-        self.inputs = (student_in, rec_in, ev_in)
-
-    def tags(self, batch_size: int = 64, chunk: int = 4096) -> list[list[int | None]]:
-        """The recogniser's predicted tag of every selectable word (``None``: not selectable), ``chunk`` sentences at a
-        time (their outputs are not kept)."""
-        task, model = self.tasks[0], self.models[0]
-        tags = []
-        for start in range(0, len(self.inputs[0]), chunk):
-            logits = word_outputs(model, task.head_name, task.text_tokenizer, self.inputs[1][start:start + chunk],
-                                  batch_size)
-            tags += [[int(y[w].argmax()) if h >= 0 else None for w, h in enumerate(heads)]
-                     for (_, heads), y in zip(self.inputs[0][start:start + chunk], logits)]
-        return tags
-
-    def pairs(self, items: list[DistillPair], k: int) -> dict[str, Tensor]:
-        """:func:`pair_inputs` of ``items`` for model ``k`` (0: the student, 1: the recogniser, 2: the evaluator)."""
-        inputs = self.inputs[k]
-        return pair_inputs(self.tokenizers[k], [inputs[it.a][0] for it in items], [inputs[it.b][0] for it in items],
-                           [inputs[it.a][1][it.a_word] for it in items], [inputs[it.b][1][it.b_word] for it in items])
-
-    @torch.no_grad()
-    def collate(self, items: list[DistillPair]) -> dict[str, Tensor]:
-        """The student's batch of ``items`` with the teachers' outputs at its words, computed here (on the teachers'
-        device): ``teacher_probs`` ``[2B, C]`` (the first sentences, then the second ones), ``teacher_sim`` ``[B]``."""
-        batch = self.pairs(items, 0)
-        outputs = []
-        for k, (task, model) in enumerate(zip(self.tasks, self.models), 1):
-            inputs = {key: value.to(self.device) for key, value in self.pairs(items, k).items()}
-            output = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                           heads=[task.head_name])[task.head_name]
-            outputs.append(selected_rows(output, inputs["positions"]))
-        logits, vectors = outputs
-        batch["teacher_probs"] = logits.softmax(-1)
-        batch["teacher_sim"] = sigmoid_cosine(vectors[:len(items)], vectors[len(items):])
-        return batch
-
-
-def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target: str | os.PathLike, *,
-            out: str | os.PathLike, dev: str | os.PathLike | None = None, format: str = "auto",
-            encoder: str = "e5-small", encoder_layers: int | None = None, pairs: int | None = None,
-            balanced: bool = True, loss_alpha: float = 0.5, alpha: bool = True, beta: bool = True, gamma: bool = True,
-            similarity: bool = True, config=None, head_lr_ratio: float = 1e-3, resume: bool = True,
-            progress: bool = True) -> dict:
-    """Train an MTMT student on the unlabelled ``target`` texts from the ``recognizer`` and ``evaluator`` model
-    directories (spec §10.3); the best student on ``dev`` (labelled target data, used only to pick the evaluation),
-    or the last one without ``dev``, is an ordinary NER model directory in ``out/best``. Returns the loop's summary.
-
-    ``pairs`` word pairs (default: as many as the target has words) are drawn by :func:`zhie.mtmt.sample_pairs`,
-    class-balanced on the recogniser's predicted tags unless ``balanced=False``. ``config`` is the loop's
-    :class:`~zhie.training.TrainConfig`; the head learns at ``config.lr * head_lr_ratio`` (official: 1/1000).
-    ``alpha``/``beta``/``gamma``/``similarity`` switch the weights and the similarity task (ablations; all four off
-    is single-teacher distillation, TSL).
-    """
-    import zhie
-    from zhie.tasks.base import prepare_encoder, seeded
-    from zhie.training import TrainConfig, is_main_process, train
-    from zhie.training.dist import local_device
-
-    config = config or TrainConfig(lr=2e-5)
-    config = dataclasses.replace(config, head_lr=config.lr * head_lr_ratio)
-    device = local_device()  # under torchrun each process's own GPU
-    rec, ev = zhie.load(recognizer, device=str(device)), zhie.load(evaluator, device=str(device))
-    if not (isinstance(rec.task, NerTask) and rec.task.config.words):
-        raise ValueError(f"{recognizer} is not a word-level NER model; train the recogniser with "
-                         "`zhie train ner --mode word --head softmax`")
-    if not isinstance(ev.task, XnerEvaluatorTask):
-        raise ValueError(f"{evaluator} is a {ev.task.name!r} model; train the evaluator with "
-                         "`zhie train xner-evaluator`")
-    texts = read_target(target, format)
-    dev_examples = read_ner(dev, "auto" if format == "text" else format) if dev is not None else None
-    enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode="subword", keep_tokens="all",
-                                     layers=encoder_layers, seed=config.seed)
-    student = NerTask(dataclasses.replace(rec.task.config), tokenizer)
-    teachers = Teachers((rec.task, rec.model), (ev.task, ev.model), student.text_tokenizer, texts,
-                        student.config.max_length, device)
-    tags = teachers.tags()
-    n_words = sum(t is not None for row in tags for t in row)
-    chosen = sample_pairs(tags, pairs or n_words, balanced=balanced, seed=config.seed)
-    items = [DistillPair(i, w, j, v) for (i, w), (j, v), _ in chosen]
-    lengths = [max(len(teachers.inputs[0][it.a][0]), len(teachers.inputs[0][it.b][0])) for it in items]
-    with seeded(config.seed):
-        model = Model(enc, student.build_heads(enc.config.hidden_size))
-    objective = MtmtObjective(student.head_name, loss_alpha, alpha, beta, gamma, similarity)
-
-    out = Path(out)
-    summary = {"recognizer": str(recognizer), "evaluator": str(evaluator), "target": str(target), "dev": str(dev),
-               "encoder": str(encoder), "encoder_layers": enc.config.num_hidden_layers, "target_texts": len(texts),
-               "target_words": n_words, "pairs": len(items), "same_tag_pairs": sum(same for _, _, same in chosen),
-               **objective.switches, "balanced": balanced, "head_lr": config.head_lr}
-    if is_main_process():
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
-        if progress:
-            print(json.dumps(summary, ensure_ascii=False))
-    return train(model, items, collate=teachers.collate, loss_fn=objective, config=config, out_dir=out,
-                 evaluate=Evaluator(student, dev_examples) if dev_examples is not None else None, metric="f1",
-                 save_best=student.save, lengths=lengths, resume=resume, progress=progress)
-
-
-def add_distill_command(commands: argparse._SubParsersAction) -> None:
-    """``zhie distill``: the MTMT student (its flags are :func:`distill`'s arguments)."""
-    p = commands.add_parser("distill", help="cross-lingual NER: train an MTMT student on unlabelled target text "
-                                            "from a recogniser and an evaluator (spec 10.3)")
-    p.add_argument("--recognizer", required=True, help="word-level NER model (zhie train ner --mode word)")
-    p.add_argument("--evaluator", required=True, help="similarity evaluator (zhie train xner-evaluator)")
-    p.add_argument("--target", required=True, help="unlabelled target-language text (a NER file's labels are unused)")
-    p.add_argument("--dev", default=None, help="labelled target development file: picks the best evaluation only")
-    p.add_argument("--format", default="auto", choices=["auto", "text", *FORMATS],
-                   help="format of --target and --dev (text: one sentence a line, --target only)")
-    p.add_argument("--out", required=True, help="run directory; best/ is an ordinary NER model directory")
-    p.add_argument("--encoder", default="e5-small", help="the student's initial encoder")
-    p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
-    p.add_argument("--pairs", type=int, default=None, help="word pairs per epoch (default: one per target word)")
-    p.add_argument("--no-balance", dest="balanced", action="store_false",
-                   help="draw partners uniformly instead of half with the same predicted tag")
-    p.add_argument("--loss-alpha", type=float, default=0.5, help="weight of the similarity loss")
-    for name, what in (("alpha", "recogniser-confidence weight"), ("beta", "evaluator-confidence weight"),
-                       ("gamma", "teacher-agreement weight"), ("similarity", "similarity task")):
-        p.add_argument(f"--no-{name}", dest=name, action="store_false", help=f"turn off the {what} (ablation)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
-    p.add_argument("--head-lr-ratio", type=float, default=1e-3, help="head learning rate / --lr (official 1/1000)")
-    p.add_argument("--warmup", type=float, default=0.1)
-    p.add_argument("--eval-every", type=int, default=None)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(handler=cmd_distill)
-
-
-def cmd_distill(args) -> None:
-    from zhie.training import TrainConfig, is_main_process
-
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                         eval_every=args.eval_every, seed=args.seed)
-    result = distill(args.recognizer, args.evaluator, args.target, out=args.out, dev=args.dev, format=args.format,
-                     encoder=args.encoder, encoder_layers=args.encoder_layers, pairs=args.pairs,
-                     balanced=args.balanced, loss_alpha=args.loss_alpha, alpha=args.alpha, beta=args.beta,
-                     gamma=args.gamma, similarity=args.similarity, config=config, head_lr_ratio=args.head_lr_ratio,
-                     resume=not args.no_resume, progress=not args.quiet)
-    if is_main_process():
-        print(json.dumps({"best": result["best"], "best_step": result.get("best_step"),
-                          "model": str(Path(args.out) / "best")}, ensure_ascii=False))

@@ -3,11 +3,12 @@
 decay, AdamW and LAMB, the linear warm-up/decay schedule, EMA weights, FGM/PGD adversarial training, R-Drop,
 length-grouped batches, atomic checkpoints and resume, metric logging and plotting."""
 
+from zhie.dist import broadcast_object, is_main_process, rank, world_size
+
 from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, replace_dir
 from .config import TrainConfig
-from .dist import broadcast_object, is_main_process, rank, world_size
 from .ema import EMA
 from .loop import Job, run, train
 from .optim import (

@@ -1,4 +1,4 @@
-"""Resumable checkpoints (written atomically, see :mod:`zhie.files`) and random-number-generator states."""
+"""Resumable checkpoints (written atomically, see :mod:`zhie.core.files`) and random-number-generator states."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zhie.files import atomic_write, atomic_write_text, recover_dir, replace_dir
+from zhie.core.files import atomic_write, atomic_write_text, recover_dir, replace_dir
 
 __all__ = ["atomic_torch_save", "atomic_write", "atomic_write_text", "load_checkpoint", "recover_dir",
            "replace_dir", "rng_state", "set_rng_state"]

@@ -5,7 +5,7 @@ build the model (the encoder plus the task's heads, initialised from the seed), 
 ``data_stats.json`` and run :func:`zhie.training.train` with an :class:`~zhie.tasks.base.Evaluator` on the dev set;
 the best model is saved in ``out/best`` by the task, with ``training.json`` (the data files' sizes and hashes, the
 command, the machine, its dev metrics, and once the run ends its training time: :mod:`zhie.training.record`) and its
-model card ``README.md`` (:mod:`zhie.card`).
+model card ``README.md`` (:mod:`zhie.core.card`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import os
 from pathlib import Path
 
 from zhie import tasks
-from zhie.files import atomic_write_text
+from zhie.core.files import atomic_write_text
+from zhie.dist import is_main_process
 from zhie.losses import TaskLoss
 from zhie.model import Model
 from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 
 from .config import TrainConfig
-from .dist import is_main_process
 from .loop import train
 from .rdrop import RDropLoss
 from .record import finish, now, run_record

@@ -54,13 +54,13 @@ from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from zhie.dist import all_gather_objects, broadcast_object, world_size
 from zhie.precision import accelerate_precision
 
 from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
 from .config import TrainConfig
-from .dist import all_gather_objects, broadcast_object, world_size
 from .ema import EMA
 from .optim import build_optimizer, build_param_groups, build_scheduler, with_lr_multipliers
 from .rdrop import RDropLoss

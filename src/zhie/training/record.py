@@ -4,7 +4,7 @@
 encoder (and its Hub name), the data files with their sizes and sha256, the training settings and the machine. Each
 saved model adds the time it was saved and its full dev metrics (per type); when the run ends, :func:`finish` adds to
 ``best/`` the step, epoch and training time of its evaluation and the run's totals, and writes the card again
-(:mod:`zhie.card`).
+(:mod:`zhie.core.card`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from zhie import card
-from zhie.files import atomic_write_text
+from zhie.core import card
+from zhie.core.files import atomic_write_text
 from zhie.tasks.base import META_FILE
 
 __all__ = ["file_facts", "finish", "machine", "now", "run_record"]
@@ -46,7 +46,7 @@ def machine() -> dict:
     import torch
     import transformers
 
-    from .dist import world_size
+    from zhie.dist import world_size
 
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() \
         else []

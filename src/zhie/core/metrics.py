@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 
-from zhie.spans import Span
+from zhie.core.spans import Span
 
 SpanLike = Span | tuple[int, int, str]
 

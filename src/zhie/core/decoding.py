@@ -1,7 +1,7 @@
 """The decoders of every head, in numpy: one implementation for the torch path and the exported (onnxruntime) path.
 
 The torch path hands its heads' outputs to these functions as numpy arrays (:meth:`zhie.model.Model.arrays`), an
-export hands the graph's outputs (:mod:`zhie.runtime`); nothing here imports torch.
+export hands the graph's outputs (:mod:`zhie.deploy.runtime`); nothing here imports torch.
 
 * :func:`span_cells` — GlobalPointer / Efficient GlobalPointer: the cells whose masked logit is > 0, at most ``cap``
   per row (the highest), score ``sigmoid(2 * logit)``;
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zhie.spans import parse_tag
+from zhie.core.spans import parse_tag
 
 POOLINGS = ("cls", "mean", "first-last-avg")
 FORBIDDEN = -1e12  # the score of a forbidden transition, start or end tag; real path scores are << 1e12

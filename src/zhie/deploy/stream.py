@@ -10,7 +10,6 @@ leaves no half-written file.
 
 from __future__ import annotations
 
-import argparse
 import io
 import itertools
 import shutil
@@ -22,47 +21,14 @@ from typing import TypeVar
 
 import numpy as np
 
+from zhie.core.files import atomic_write
 from zhie.data import DataError
 from zhie.data.base import decode_line, text_of_line
-from zhie.files import atomic_write
-from zhie.precision import PRECISIONS
 
-__all__ = ["TextReader", "add_prediction_flags", "chunks", "write_lines", "write_npy"]
+__all__ = ["TextReader", "chunks", "write_chunks", "write_lines", "write_npy"]
 
 T = TypeVar("T")
-CHUNK_LINES = 4096
 STDIN = "-"
-
-
-def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32,
-                         output_help: str = "write the JSON lines to this file (all or nothing) instead of stdout"
-                         ) -> None:
-    """The input, output and batching flags that ``zhie predict``, ``segment`` and ``embed`` share."""
-    p.add_argument("texts", nargs="*", help="texts to process (or use --input)")
-    p.add_argument("--input", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="one text per line, or JSON lines with a 'text' field; - reads stdin; read as a stream")
-    p.add_argument("--output", default=None, metavar="FILE", help=output_help)
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip lines that are not UTF-8 or JSON without a string 'text' (their count goes to stderr)")
-    p.add_argument("--chunk-lines", type=positive_int, default=CHUNK_LINES,
-                   help="texts read, sorted by length and written per chunk (memory is bounded by this)")
-    p.add_argument("--batch-size", type=positive_int, default=batch_size, help="texts (windows) per model batch")
-    add_batching_flags(p)
-
-
-def add_batching_flags(p: argparse.ArgumentParser) -> None:
-    """``--max-tokens`` and ``--precision`` (also ``zhie eval``'s)."""
-    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
-                   help="batches of at most N padded tokens over length-sorted texts instead of --batch-size texts")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
 
 
 class TextReader:
@@ -160,3 +126,18 @@ def write_npy(path: str, blocks: Iterable[np.ndarray]) -> tuple[int, int]:
 
         atomic_write(path, write)
     return rows, width
+
+
+def write_chunks(path: str | None, outputs: Iterable[list[str] | np.ndarray]) -> tuple[int, int] | None:
+    """Write each chunk's output as it comes (a task command's: :func:`zhie.tasks.base.add_text_command`): lines
+    (:func:`write_lines`), or the rows of a float32 matrix into the ``.npy`` file ``path`` (:func:`write_npy`; returns
+    its shape, and None for lines). The first chunk's output says which."""
+    outputs = iter(outputs)
+    first = next(outputs, None)
+    outputs = itertools.chain([] if first is None else [first], outputs)
+    if isinstance(first, np.ndarray):
+        if path is None:
+            raise ValueError("a matrix of vectors is written to a .npy file: give --output FILE")
+        return write_npy(path, outputs)
+    write_lines(path, outputs)
+    return None

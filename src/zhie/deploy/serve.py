@@ -10,7 +10,7 @@ Endpoints (:func:`create_app`):
 * ``GET /health`` (live: 200 while the batching workers run, else 503) and ``GET /health/ready`` (ready: 200 while
   they run and their queues have room, else 503), both with the workers' state and queue depth and never needing the
   key; ``GET /info`` (task, labels, encoder, zhie version, limits, batching), ``/docs``;
-* ``GET /`` and its two files: the entity-highlighting page (:mod:`zhie.resources`).
+* ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``).
 
 Request batching (:class:`Batcher`, settings :class:`Batching`): the texts of concurrent requests wait in a bounded
 queue; a worker takes the oldest requests, up to ``max_batch`` texts, once that many wait or the oldest has waited
@@ -338,7 +338,7 @@ def _labels(config: dict) -> list | dict:
 
 
 def _page_files() -> dict[str, tuple[bytes, str]]:
-    folder = resources.files("zhie") / "resources"
+    folder = resources.files("zhie.deploy") / "resources"
     return {route: ((folder / name).read_bytes(), kind) for route, (name, kind) in PAGE_FILES.items()}
 
 
@@ -575,9 +575,9 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, batching
     until interrupted."""
     import uvicorn
 
-    import zhie
+    from zhie.deploy.pipeline import load
 
-    pipe = zhie.load(model_dir, device=device, precision=precision)
+    pipe = load(model_dir, device=device, precision=precision)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"zhie serve: listening on {host} without an API key: anyone who can reach it can use the model",
               file=sys.stderr)

@@ -13,7 +13,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from zhie.files import atomic_write_text
+from zhie.core.files import atomic_write_text
 
 NOTHING = "(none)"  # a confusion's side that has nothing: a false positive's gold, a false negative's prediction
 

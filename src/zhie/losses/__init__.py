@@ -1,4 +1,5 @@
-"""Losses. Every loss computes in fp32 whatever the input dtype and returns an fp32 tensor.
+"""Losses. Every loss computes in fp32 whatever the input dtype and returns an fp32 tensor (MTMT's distillation
+loss: :mod:`zhie.losses.mtmt`).
 
 Multilabel categorical cross-entropy ("ZLPR", spec §0.2-§0.3, https://kexue.fm/archives/7359): for one
 multilabel instance with raw scores ``s`` (no sigmoid/softmax), positives ``P`` and negatives ``N``,

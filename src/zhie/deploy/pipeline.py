@@ -10,15 +10,16 @@ from __future__ import annotations
 import os
 
 from zhie import tasks
-from zhie.runtime import EXPORT_FILE
-from zhie.tasks.base import Pipeline, read_meta, resolve_model_dir
+from zhie.deploy.runtime import EXPORT_FILE
+from zhie.tasks.base import Pipeline, load_pipeline, read_meta, resolve_model_dir
 
 __all__ = ["Pipeline", "load"]
 
 
 def load(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:
     """The pipeline for the model saved in ``path`` (a directory written by ``zhie train``, or its run directory), or
-    for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU (:mod:`zhie.runtime`).
+    for an export directory written by ``zhie export``, which runs on onnxruntime on the CPU
+    (:mod:`zhie.deploy.runtime`).
 
     ``precision``: ``fp32``, or ``bf16`` / ``fp16`` for the encoder under autocast (:mod:`zhie.precision`; on the CPU
     too, where it saves memory more than time); an export runs in fp32 only, without torch."""
@@ -29,9 +30,8 @@ def load(path: str | os.PathLike, device: str | None = None, precision: str = "f
             raise ValueError(f"{path} is an ONNX export, which runs in fp32; leave out --precision {precision}")
         if device not in (None, "cpu"):
             raise ValueError(f"{path} is an ONNX export; zhie runs exports on the CPU (device {device!r} asked)")
-        from zhie.runtime import load_export
+        from zhie.deploy.runtime import load_export
 
         task, model = load_export(resolve_model_dir(path))
         return cls.pipeline_class(task, model, "cpu")
-    task, model = cls.load(path)
-    return cls.pipeline_class(task, model, device, precision)
+    return load_pipeline(path, device, precision)

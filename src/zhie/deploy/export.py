@@ -5,8 +5,8 @@ The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``inp
 (int64 ``[batch, length]``, both axes dynamic), one output per head tensor, in the order of
 :func:`output_layout` (a head whose output is a dataclass, GPLinker's :class:`~zhie.heads.RelationLogits`, gives
 one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own numpy decoders
-(:mod:`zhie.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
-argmax for softmax, windows for long texts. :mod:`zhie.runtime` runs an export without torch.
+(:mod:`zhie.core.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
+argmax for softmax, windows for long texts. :mod:`zhie.deploy.runtime` runs an export without torch.
 
 The export directory is a model directory without the encoder's weights: ``config.json``, the tokenizer files,
 ``zhie.json``, ``head.safetensors`` (the heads' weights: decoding reads the CRF's transitions there; the BIO/BMES
@@ -51,9 +51,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from zhie.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
+from zhie.core.text import TextTokenizer
+from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
 from zhie.tasks.base import model_inputs, save_model_dir
-from zhie.text import TextTokenizer
 from zhie.version import __version__
 
 ENCODER_WEIGHTS = "model.safetensors"
@@ -216,7 +216,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     """
     import onnxruntime as ort
 
-    import zhie
+    from zhie.deploy.pipeline import load
     from zhie.tasks.base import WindowedTask
 
     if quantize not in (None, "int8"):
@@ -232,7 +232,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
         raise ValueError("static quantisation needs calibration texts, and none were given")
     if any(not p for p in keep_fp32):
         raise ValueError("an empty keep_fp32 pattern would match every weight; leave out quantize='int8' instead")
-    pipe = zhie.load(model_dir, device="cpu")
+    pipe = load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
         raise ValueError(f"zhie export knows span tasks and sentence encoders; {task.name} is neither")

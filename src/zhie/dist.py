@@ -1,4 +1,7 @@
-"""What a process needs to know and share when training runs in several (``torchrun``, ``accelerate launch``)."""
+"""What a process needs to know and share when training runs in several (``torchrun``, ``accelerate launch``).
+
+Below the tasks (a task's loss may gather across processes: CoSENT ranks the pairs of the global batch,
+:func:`all_gather_with_grad`); the training engine and its jobs use the rest."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
-"""Run an export directory (:mod:`zhie.export`) on onnxruntime, without torch: ``zhie.load(EXPORT_DIR).predict(texts)``.
+"""Run an export directory (:mod:`zhie.deploy.export`) on onnxruntime, without torch:
+``zhie.load(EXPORT_DIR).predict(texts)``.
 
-What runs: the tokenizer from ``tokenizer.json`` (the ``tokenizers`` library, :class:`zhie.text.FastTokenizer`), the
-task's own code (windows, :mod:`zhie.decoding`'s numpy decoders, offsets), and the graph in an onnxruntime session
-(:class:`OnnxModel`, which answers :meth:`zhie.model.Model.arrays` the way the torch model does). The decoders read
-the weights they need (the CRF's transitions) from ``head.safetensors`` as numpy arrays. Imports: numpy, tokenizers,
-safetensors, onnxruntime; never torch or transformers (``pip install "zhie[runtime]"``).
+What runs: the tokenizer from ``tokenizer.json`` (the ``tokenizers`` library, :class:`zhie.core.text.FastTokenizer`),
+the task's own code (windows, :mod:`zhie.core.decoding`'s numpy decoders, offsets), and the graph in an onnxruntime
+session (:class:`OnnxModel`, which answers :meth:`zhie.model.Model.arrays` the way the torch model does). The decoders
+read the weights they need (the CRF's transitions) from ``head.safetensors`` as numpy arrays. Imports: numpy,
+tokenizers, safetensors, onnxruntime; never torch or transformers (``pip install "zhie[runtime]"``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class OnnxModel:
 def load_export(path: str | os.PathLike, threads: int | None = None):
     """``(task, model)`` of an export directory: the task from ``zhie.json`` with the tokenizer of ``tokenizer.json``,
     the model an :class:`OnnxModel` whose graph has a head for each of the task's."""
-    from zhie.text import FastTokenizer
+    from zhie.core.text import FastTokenizer
 
     path = Path(path)
     meta = read_meta(path)

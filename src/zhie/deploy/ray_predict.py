@@ -28,7 +28,7 @@ import pandas as pd
 import ray
 
 from zhie.data import DataError
-from zhie.stream import TextReader
+from zhie.deploy.stream import TextReader
 
 __all__ = ["input_files", "pieces", "predict_files", "read_rows"]
 
@@ -107,9 +107,9 @@ class Predictor:
     """One model per Ray actor: a batch of rows -> the same rows with the task's prediction under its output key."""
 
     def __init__(self, model: str, precision: str, batch_size: int, max_tokens: int | None) -> None:
-        import zhie
+        from zhie.deploy.pipeline import load
 
-        self.pipe = zhie.load(model, precision=precision)
+        self.pipe = load(model, precision=precision)
         self.batch_size, self.max_tokens = batch_size, max_tokens
 
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
@@ -125,7 +125,8 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
     """Predict every text of ``inputs`` with ``workers`` model replicas and write sharded JSON lines into the
     directory ``output`` (see the module's docstring). Joins the Ray cluster at ``address`` (default: ``RAY_ADDRESS``,
     else a new local instance, shut down at the end) unless this process is already connected to one.
-    ``skip_bad_lines``: leave out the lines :class:`~zhie.stream.TextReader` rejects (they are not counted here)."""
+    ``skip_bad_lines``: leave out the lines :class:`~zhie.deploy.stream.TextReader` rejects (they are not counted
+    here)."""
     if not output:
         raise ValueError("--ray writes a directory of JSON-lines shards: give --output DIRECTORY")
     local = "://" not in output

@@ -14,7 +14,7 @@ The output directory ``out`` is an encoder directory that ``--encoder`` accepts 
 tokenizer files) plus what pre-training needs to go on: ``mlm_head.safetensors`` (the MLM head), ``checkpoint.pt``
 (weights, optimizer, schedule, random generators, the corpus position, the packer's unfinished sequence and the
 shuffle buffer), ``metrics.jsonl``, ``pretraining.png`` and ``pretrain.json`` (settings and summary). Every save
-writes a whole new directory and renames it over ``out`` (:func:`zhie.files.replace_dir`), so ``out`` is always one
+writes a whole new directory and renames it over ``out`` (:func:`zhie.core.files.replace_dir`), so ``out`` is always one
 consistent snapshot, never half of one; bad input is found before anything is written. ``resume=True`` continues
 from the snapshot and computes exactly the batches, masks, dropout and weights of an uninterrupted run.
 
@@ -46,9 +46,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zhie.core.files import atomic_write_text, recover_dir, replace_dir
 from zhie.data.base import DataError
 from zhie.encoders.mlm import IGNORE, MaskedLM, load_head, mask_tokens, save_head
-from zhie.files import atomic_write_text, recover_dir, replace_dir
 from zhie.precision import PRECISIONS, autocast, pick_precision
 
 __all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
@@ -234,9 +234,9 @@ def make_segmenter(name: str) -> Callable[[list[str]], list[list[str]]]:
         jieba.setLogLevel(60)
         return lambda texts: [jieba.lcut(t) for t in texts]
     if Path(name).is_dir():
-        import zhie
+        from zhie.tasks.base import load_pipeline
 
-        pipe = zhie.load(name)
+        pipe = load_pipeline(name)
         if pipe.task.name != "cws":
             raise ValueError(f"--segmenter {name}: a {pipe.task.name!r} model; a segmenter is a cws model")
         return lambda texts: pipe.segment(texts, batch_size=64)
@@ -487,7 +487,7 @@ class MaskedLMLoss(nn.Module):
         self.tally = torch.zeros(2, dtype=torch.float64)  # correct, predicted (an attribute: DDP broadcasts buffers)
 
     def forward(self, model: MaskedLM, batch: dict[str, Tensor]) -> Tensor:
-        from zhie.training.dist import all_reduce_sum
+        from zhie.dist import all_reduce_sum
 
         output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
         counts = torch.stack([output.correct, output.count]).double()
@@ -516,7 +516,7 @@ class HeldOut:
         self.batches, self.precision = batches, precision
 
     def __call__(self, model: MaskedLM) -> dict:
-        from zhie.training.dist import all_reduce_sum
+        from zhie.dist import all_reduce_sum
 
         device = next(model.parameters()).device
         sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, predicted: no sync per batch
@@ -541,7 +541,7 @@ def held_out(texts: list[str], encode, masker: Masker, config: PretrainConfig, w
 
 
 class Snapshot:
-    """The output directory, replaced as a whole at every save (:func:`zhie.files.replace_dir`): the encoder
+    """The output directory, replaced as a whole at every save (:func:`zhie.core.files.replace_dir`): the encoder
     directory, the MLM head, the checkpoint, the records, the summary and the plot of one moment. The trackers write
     beside it, in ``<out>-logs`` (their files are written as they go, never replaced)."""
 
@@ -707,7 +707,7 @@ def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], in
          precision: str, processes, output: Snapshot):
     """The engine's :class:`~zhie.training.loop.Job`: the stream of masked batches, the MLM objective, the held-out
     evaluation, the snapshot."""
-    from zhie.text import TextTokenizer
+    from zhie.core.text import TextTokenizer
     from zhie.training.loop import Job
 
     text_tokenizer = TextTokenizer(tokenizer, config.tokens)
@@ -822,7 +822,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                       overwrite=args.overwrite, stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,
                       progress=not args.quiet)
-    from zhie.training.dist import is_main_process
+    from zhie.dist import is_main_process
 
     if is_main_process():
         print(json.dumps({"out": result["out"], "step": result["step"], "tokens": result["tokens"],

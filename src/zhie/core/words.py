@@ -13,8 +13,8 @@ import bisect
 import re
 from collections.abc import Sequence
 
-from zhie.spans import Span, tags_to_spans
-from zhie.text import Encoding
+from zhie.core.spans import Span, tags_to_spans
+from zhie.core.text import Encoding
 
 _WORD = re.compile(r"\S+")
 
