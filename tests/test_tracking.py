@@ -68,6 +68,7 @@ def test_flags_reach_the_config_and_a_missing_tracker_gives_its_install_line(mon
     from zhie.cli import _train_config, build_parser
 
     common = ["train", "ner", "--train", "t.json", "--dev", "d.json", "--out", "o"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if every tracker were installed
     args = build_parser().parse_args([*common, "--log-every", "7", "--report-to", "tensorboard", "mlflow"])
     config = _train_config(args)
     assert (config.log_every, config.report_to) == (7, ("tensorboard", "mlflow"))
