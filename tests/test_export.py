@@ -60,6 +60,10 @@ def test_exported_logits_and_predictions_equal_torch(exported):
     assert isinstance(onnx_pipe.model, OnnxModel) and not (out / "model.safetensors").exists()
     record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
     assert record["fp32_max_abs_diff"] <= LOGIT_TOLERANCE
+    card = (out / "README.md").read_text(encoding="utf-8")  # the source's card facts and training record carry over
+    assert (out / "training.json").read_bytes() == (source / "training.json").read_bytes()
+    trained_on = json.loads((source / "training.json").read_text(encoding="utf-8"))["data"][0]["path"]
+    assert torch_pipe.task.describe()["summary"] in card and "fp32 ONNX export" in card and trained_on in card
 
     inputs = check_inputs(torch_pipe.task, [t[:40] for t in TEXTS])  # batch of 7, padded, one row all padding
     expected = flatten(torch_pipe.model(**inputs))

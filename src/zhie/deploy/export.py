@@ -51,9 +51,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from zhie.core import card
 from zhie.core.text import TextTokenizer
 from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
-from zhie.tasks.base import model_inputs, save_model_dir
+from zhie.tasks.base import model_inputs, resolve_model_dir, save_model_dir
 from zhie.version import __version__
 
 ENCODER_WEIGHTS = "model.safetensors"
@@ -278,4 +279,12 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
         task.save_files(tmp)
         write(tmp)
 
-    return save_model_dir(out, model, task.tokenizer, {"task": task.name, **dataclasses.asdict(task.config)}, files)
+    source = resolve_model_dir(model_dir) / card.RECORD_FILE  # the training record carries over to the card
+    record = json.loads(source.read_text(encoding="utf-8")) if source.exists() else None
+    about = task.describe()
+    kind = "an int8-quantised" if quantize == "int8" else "an fp32"
+    about["limits"] = [*about["limits"], f"this is {kind} ONNX export ({GRAPH_FILE}; how it was made: {EXPORT_FILE}):"
+                       f" it runs with onnxruntime, without torch (`pip install 'zhie[runtime]'`), and cannot be "
+                       f"trained further"]
+    return save_model_dir(out, model, task.tokenizer, {"task": task.name, **dataclasses.asdict(task.config)}, files,
+                          about=about, record=record)
