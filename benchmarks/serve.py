@@ -14,7 +14,13 @@ Three processes on disjoint CPUs (Linux CPU affinity), so that the client does n
 
 Torch's threads are the server CPUs' count in both 1 and 2. Default CPUs: the last one for the client, the others for
 the server (and the offline run). Each row (``results/serve.jsonl``): service sentences/s, the offline sentences/s,
-their ratio, p50/p99 latency in ms, errors (an answer that is not 200, or none), the settings and the machine.
+their ratio, p50/p99 latency in ms, errors (an answer that is not 200, or none), the server's resident memory when
+the warm-up ends and when the level ends (``rss_warm_mb``, ``rss_end_mb``, from ``/proc``), the settings and the
+machine.
+
+Before the levels, ``--big-body-mb`` (default 200; 0: skip) streams one chunked body of that size to ``/predict``
+and reports the answer's status and how much the server's peak resident memory grew meanwhile (its ``VmHWM``, reset
+through ``/proc/PID/clear_refs`` just before): the body limit must stop reading, not buffer the body.
 """
 
 from __future__ import annotations
@@ -101,12 +107,49 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, b
     return int(lines[0].split()[1])
 
 
-async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seconds: float) -> dict:
-    """``clients`` connections, each sending the next text as soon as its last answer came, for warmup + seconds."""
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """A memory figure of process ``pid`` from ``/proc`` (``VmRSS``: resident now; ``VmHWM``: its peak), in MB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return round(int(next(line.split()[1] for line in status.splitlines() if line.startswith(field + ":"))) / 1024, 1)
+
+
+def big_body(port: int, pid: int, megabytes: int) -> dict:
+    """Stream a chunked body of ``megabytes`` to /predict as fast as the server takes it; the answer's status and the
+    growth of the server's peak RSS meanwhile."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    before = memory_mb(pid, "VmHWM")
+    chunk = b'{"texts": ["' + b"a" * (1 << 20)  # one MiB per chunk, of a JSON text that never ends
+    sent, status = 0, None
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        try:
+            while sent < megabytes << 20:
+                s.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                sent += len(chunk)
+            s.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):  # the server stopped reading first
+            pass
+        try:
+            answer = s.recv(4096)
+            status = int(answer.split()[1]) if answer.startswith(b"HTTP/1.1") else None
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return {"big_body_mb": megabytes, "big_body_sent_mb": round(sent / (1 << 20), 1), "big_body_status": status,
+            "big_body_peak_rss_growth_mb": round(memory_mb(pid, "VmHWM") - before, 1)}
+
+
+async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seconds: float, pid: int) -> dict:
+    """``clients`` connections, each sending the next text as soon as its last answer came, for warmup + seconds;
+    the server's (``pid``) resident memory when the warm-up ends and at the end."""
     latencies: list[float] = []
     errors = 0
     start = time.perf_counter() + warmup
     end = start + seconds
+
+    async def rss_when_warm() -> float:
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        return memory_mb(pid)
 
     async def client(i: int) -> None:
         nonlocal errors
@@ -129,10 +172,11 @@ async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seco
             k += clients
         writer.close()
 
-    await asyncio.gather(*(client(i) for i in range(clients)))
+    warm, *_ = await asyncio.gather(rss_when_warm(), *(client(i) for i in range(clients)))
     ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
     return {"sentences_per_s": round(len(latencies) / seconds, 2), "p50_ms": round(float(np.percentile(ms, 50)), 1),
-            "p99_ms": round(float(np.percentile(ms, 99)), 1), "requests": len(latencies), "errors": errors}
+            "p99_ms": round(float(np.percentile(ms, 99)), 1), "requests": len(latencies), "errors": errors,
+            "rss_warm_mb": warm, "rss_end_mb": memory_mb(pid)}
 
 
 def cpu_set(value: str) -> set[int]:
@@ -156,6 +200,7 @@ def main() -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--batch-size", type=int, default=32, help="zhie predict's and the server's")
     p.add_argument("--chunk-lines", type=int, default=4096, help="zhie predict's")
+    p.add_argument("--big-body-mb", type=int, default=200, help="one chunked body of this size first (0: none)")
     available = sorted(os.sched_getaffinity(0))
     p.add_argument("--server-cpus", type=cpu_set, default=set(available[:-1] or available),
                    help="CPUs of the server and the offline run, e.g. 0-6 (default: all but the last)")
@@ -184,9 +229,13 @@ def main() -> None:
     port = free_port()
     server = start_server(args.model, port, args.server_cpus, flags)
     try:
+        asyncio.run(load(port, bodies, 1, 0.0, 2.0, server.pid))  # the model has run before the big body comes
+        big = big_body(port, server.pid, args.big_body_mb) if args.big_body_mb else {}
+        if big:
+            print(f"big body: {big}", file=sys.stderr)
         for clients in map(int, args.clients.split(",")):
-            row = asyncio.run(load(port, bodies, clients, args.warmup, args.seconds))
-            append_result("serve", {"clients": clients, **row, "offline_sentences_per_s": round(offline, 2),
+            row = asyncio.run(load(port, bodies, clients, args.warmup, args.seconds, server.pid))
+            append_result("serve", {"clients": clients, **row, **big, "offline_sentences_per_s": round(offline, 2),
                                     "ratio": round(row["sentences_per_s"] / offline, 3),
                                     "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
                                     "batch_size": args.batch_size, "data": args.data, "texts": len(texts),

@@ -19,7 +19,15 @@ pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxs
 import zhie  # noqa: E402
 from tests.tiny_models import nested_corpus, relation_corpus, trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.deploy.export import EXPORT_FILE, check_inputs, export, flatten, largest_difference, weight_names  # noqa: E402
+from zhie.deploy.export import (  # noqa: E402
+    DEFAULT_OPSET,
+    EXPORT_FILE,
+    check_inputs,
+    export,
+    flatten,
+    largest_difference,
+    weight_names,
+)
 from zhie.deploy.runtime import OnnxModel  # noqa: E402
 
 LOGIT_TOLERANCE = 1e-4  # fp32 graph vs torch, on unmasked cells (measured: about 1e-5 on these tiny models)
@@ -129,7 +137,7 @@ def test_cli_export_predict_and_serve_an_export(tmp_path, capsys):
 
     source = trained("ner-gp")
     assert main(["export", str(source), "--out", str(tmp_path / "onnx")]) == 0
-    assert json.loads(capsys.readouterr().out)["opset"] == 18
+    assert json.loads(capsys.readouterr().out)["opset"] == DEFAULT_OPSET
     assert main(["predict", str(tmp_path / "onnx"), TEXTS[1]]) == 0
     line = json.loads(capsys.readouterr().out)
     (spans,) = zhie.load(tmp_path / "onnx").predict(TEXTS[1])

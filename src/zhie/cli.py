@@ -213,7 +213,8 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("export", help="export a model to ONNX (decoding stays outside the graph); the export extra")
     ex.add_argument("model", help="model directory (or a run directory with best/)")
     ex.add_argument("--out", required=True, help="export directory; zhie.load, predict and serve run it on onnxruntime")
-    ex.add_argument("--opset", type=int, default=18, help="ONNX opset (18: the exporter's own)")
+    ex.add_argument("--opset", type=int, default=None,
+                    help="ONNX opset (default 23, the first with ONNX's own Attention operator; onnxruntime >= 1.23)")
     ex.add_argument("--quantize", default=None, choices=["int8"],
                     help="int8 quantisation (dynamic: int8 weights, activations quantised per batch at run time)")
     ex.add_argument("--per-channel", action="store_true", help="int8: one scale per output channel of each weight")
@@ -393,8 +394,9 @@ def cmd_export(args) -> None:
     if args.calibrate_lines is not None and not args.calibrate:
         raise ValueError("--calibrate-lines N counts the texts of --calibrate FILE: give --calibrate FILE too")
     calibration = None if args.calibrate is None else calibration_texts(args.calibrate, args.calibrate_lines or 200)
-    out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize, per_channel=args.per_channel,
-                        reduce_range=args.reduce_range, keep_fp32=args.keep_fp32, calibration=calibration)
+    out = export.export(args.model, args.out, opset=args.opset or export.DEFAULT_OPSET, quantize=args.quantize,
+                        per_channel=args.per_channel, reduce_range=args.reduce_range, keep_fp32=args.keep_fp32,
+                        calibration=calibration)
     record = json.loads((out / export.EXPORT_FILE).read_text(encoding="utf-8"))
     keys = ("opset", "quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts", "fp32_max_abs_diff",
             "int8_max_abs_diff")
