@@ -60,6 +60,9 @@ def test_spearman_is_scipys_with_ties():
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=200), rng.integers(0, 6, size=200)
     assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
+    x = rng.integers(0, 4, size=50)  # ties on both sides
+    assert spearman(x, y[:50]) == pytest.approx(spearmanr(x, y[:50]).statistic, abs=1e-12)
+    assert spearman([3, 1, 2, 2], [1, 3, 2, 2]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3], [4, 4, 4]) == 0.0  # undefined (constant labels) -> 0, not NaN
 
 

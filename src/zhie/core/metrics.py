@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
 
+import numpy as np
+
 from zhie.core.spans import Span
 
 SpanLike = Span | tuple[int, int, str]
@@ -119,14 +121,20 @@ def segmentation_prf(gold: Sequence[Sequence[SpanLike]], pred: Sequence[Sequence
             "iv_recall": iv_hit / iv if iv else 0.0, "n_gold": n_gold, "n_pred": n_pred, "n_oov": oov}
 
 
+def average_ranks(values: Sequence[float]) -> np.ndarray:
+    """The 1-based ranks of ``values``, tied values sharing the mean of their ranks (scipy's ``rankdata``)."""
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])  # where each run of equal values begins
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values))
+    ranks[order] = np.repeat((starts + ends + 1) / 2, ends - starts)  # mean of the ranks start+1 .. end
+    return ranks
+
+
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rank correlation (scipy's, ties averaged); 0.0 where it is undefined (a constant input)."""
-    import math
-    import warnings
-
-    from scipy.stats import spearmanr
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # scipy warns on constant input; the result is NaN, reported as 0.0
-        value = float(spearmanr(x, y).statistic)
-    return 0.0 if math.isnan(value) else value
+    """Spearman's rank correlation (ties averaged, as scipy's); 0.0 where it is undefined (a constant input)."""
+    rx, ry = average_ranks(x) - (len(x) + 1) / 2, average_ranks(y) - (len(y) + 1) / 2
+    scale = float(np.sqrt((rx * rx).sum() * (ry * ry).sum()))
+    return float((rx * ry).sum()) / scale if scale > 0 else 0.0
