@@ -43,7 +43,7 @@ from zhie.training import TrainConfig
 DATASETS = ("cluener", "peoples_daily", "cmeee")
 DEFAULT_VARIANTS = ("fp32", "int8", "int8-per-channel", "int8-keep-embeddings", "int8-keep-last-layer", "int8-static",
                     "int8-reduce-range", "int8-per-channel-reduce-range")
-SUFFIXES = ("per-channel", "reduce-range", "keep-embeddings", "keep-last-layer", "static")
+SUFFIXES = ("per-channel", "reduce-range", "keep-embeddings", "keep-last-layer", "keep-heads", "static")
 
 
 def variant_options(variant: str, calibration: list[str], layers: int) -> dict:
@@ -67,7 +67,7 @@ def variant_options(variant: str, calibration: list[str], layers: int) -> dict:
         elif suffix == "static":
             options["calibration"] = calibration
         else:
-            pattern = "embeddings" if suffix == "keep-embeddings" else f"layer.{layers - 1}."
+            pattern = {"keep-embeddings": "embeddings", "keep-heads": "heads."}.get(suffix, f"layer.{layers - 1}.")
             options["keep_fp32"] = (*options.get("keep_fp32", ()), pattern)
     return options
 
