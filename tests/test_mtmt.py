@@ -7,6 +7,7 @@ so every name is several sub-words long (what word-level tagging must handle).
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -281,6 +282,11 @@ def test_distill_cli_writes_an_ordinary_ner_model(teachers, encoder_dir, tmp_pat
     assert main(["predict", str(out), "Anna wohnt in Berlin ."]) == 0
     assert main(["eval", str(out), "--data", str(teachers / "dev.txt"), "--format", "wikiann"]) == 0
     assert zhie.load(out).task.name == "ner"
+    record = json.loads((out / "best" / "training.json").read_text(encoding="utf-8"))  # the card's record
+    assert [f["role"] for f in record["data"]] == ["target", "dev"] and record["options"]["pairs"] == 64
+    assert record["options"]["recognizer"] == str(teachers / "rec") and "f1" in record["dev"] and "best" in record
+    card = (out / "best" / "README.md").read_text(encoding="utf-8")
+    assert "## Dev metrics" in card and "Not recorded" not in card
     capsys.readouterr()
     assert main(["distill", "--recognizer", str(teachers / "ev"), "--evaluator", str(teachers / "ev"),
                  "--target", str(teachers / "tgt.txt"), "--out", str(tmp_path / "bad"), "--quiet"]) == 2
