@@ -176,9 +176,9 @@ def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, red
 
     exclude, kept = excluded_nodes(onnx.load(str(fp32), load_external_data=False).graph, keep_fp32)
     if calibration is None:
-        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,  # the quantiser's
-                         reduce_range=reduce_range, nodes_to_exclude=exclude,  # Attention is Microsoft's, not ONNX's
-                         op_types_to_quantize=list(WEIGHT_OPS))
+        # the weight operators only: the quantiser's own Attention handler is for Microsoft's operator, not ONNX's
+        quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
+                         reduce_range=reduce_range, nodes_to_exclude=exclude, op_types_to_quantize=list(WEIGHT_OPS))
     else:
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:

@@ -38,7 +38,7 @@ from zhie.tasks.xner import XnerEvaluatorTask, pair_inputs, selected_rows, word_
 
 from .config import TrainConfig
 from .loop import train
-from .record import finish, now, run_record
+from .record import finish, run_record, saver
 
 __all__ = ["add_command", "cmd_distill", "distill"]
 
@@ -193,14 +193,9 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
     evaluator = Evaluator(student, dev_examples) if dev_examples is not None else None
     files = {"target": str(target), **({"dev": str(dev)} if dev is not None else {})}  # the teachers: in options
     record = run_record(files, encoder=str(encoder), config=config, options=summary) if is_main_process() else {}
-
-    def save_best(model: Model, directory: Path) -> None:  # the model just evaluated, or the last one without dev
-        student.save(model, directory, record={**record, "saved": now(), "metric": "f1",
-                                               "dev": evaluator.last if evaluator is not None else None})
-
     result = train(model, items, collate=teachers.collate, loss_fn=objective, config=config, out_dir=out,
-                   evaluate=evaluator, metric="f1", save_best=save_best, lengths=lengths, resume=resume,
-                   progress=progress)
+                   evaluate=evaluator, metric=student.metric, save_best=saver(student, record, evaluator),
+                   lengths=lengths, resume=resume, progress=progress)
     if is_main_process():
         finish(out / "best", result, student.describe())
     return result

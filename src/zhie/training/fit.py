@@ -24,7 +24,7 @@ from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 from .config import TrainConfig
 from .loop import train
 from .rdrop import RDropLoss
-from .record import finish, now, run_record
+from .record import finish, run_record, saver
 
 __all__ = ["fit"]
 
@@ -68,9 +68,6 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     record = run_record(cls.data_files(train_path, dev_path, **options), encoder=str(encoder), config=config,
                         options=settings) if is_main_process() else {}
 
-    def save_best(model: Model, directory: Path) -> None:  # the model just evaluated: its metrics are the last ones
-        t.save(model, directory, record={**record, "saved": now(), "metric": t.metric, "dev": evaluator.last})
-
     data = {"train": str(train_path), "dev": str(dev_path)} if train_path is not None else {}
     summary = {"task": cls.name, **data, "examples": len(train_examples),
                **t.stats, "encoder": str(encoder), "vocab": len(tokenizer),
@@ -82,7 +79,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
             print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
                              ensure_ascii=False))
     result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
-                   evaluate=evaluator, metric=t.metric, save_best=save_best,
+                   evaluate=evaluator, metric=t.metric, save_best=saver(t, record, evaluator),
                    lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
                    progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None,
                    step_log=objective.step_log if isinstance(objective, TaskLoss) else None,

@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +24,7 @@ from zhie.core import card
 from zhie.core.files import atomic_write_text
 from zhie.tasks.base import META_FILE
 
-__all__ = ["file_facts", "finish", "machine", "now", "run_record"]
+__all__ = ["file_facts", "finish", "machine", "now", "run_record", "saver"]
 
 
 def now() -> str:
@@ -74,6 +75,18 @@ def run_record(files: dict[str, str], *, encoder: str, config, options: dict) ->
             "base_model": base_model(encoder), "data": [file_facts(role, path) for role, path in files.items()],
             "train_config": asdict(config), "options": json.loads(json.dumps(options, default=str)),
             "machine": machine()}
+
+
+def saver(task, record: dict, evaluator=None) -> Callable:
+    """The loop's ``save_best`` for a run of ``task`` that ``record`` (:func:`run_record`) describes: the task saves
+    the model with its record, the time and the dev metrics of the evaluation that just chose it (``evaluator``, an
+    :class:`~zhie.tasks.base.Evaluator`; without one, the run's last model has none)."""
+
+    def save_best(model, directory: Path) -> None:
+        task.save(model, directory, record={**record, "saved": now(), "metric": task.metric,
+                                            "dev": evaluator.last if evaluator is not None else None})
+
+    return save_best
 
 
 def finish(best: Path, result: dict, about: dict) -> None:
