@@ -319,19 +319,22 @@ def prediction_lines(pipe, texts: list[str], batch_size: int = 32, max_tokens: i
 
 
 def cmd_task_command(args) -> None:
-    """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the handler on
-    each of the input's chunks and write what it returns (:func:`zhie.deploy.stream.write_chunks`)."""
+    """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the command's
+    handler on each of the input's chunks and write what it returns: the rows of its vectors into the ``.npy`` file of
+    ``--output`` when it has vectors, else its lines (:func:`zhie.tasks.base.add_text_command`)."""
     import zhie
 
-    cls, handler = args.task_command
+    cls, lines, vectors = args.task_command
     reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
     pipe = zhie.load(args.model, precision=args.precision)
     if not isinstance(pipe.task, cls):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a {cls.name} model")
-    shape = stream.write_chunks(args.output, (handler(pipe, texts, args)
-                                              for texts in stream.chunks(reader, args.chunk_lines)))
-    if shape is not None:
-        print(f"{args.output}: {shape[0]} x {shape[1]} float32", file=sys.stderr)
+    chunks = stream.chunks(reader, args.chunk_lines)
+    if vectors is not None and args.output:
+        rows, width = stream.write_npy(args.output, (vectors(pipe, texts, args) for texts in chunks))
+        print(f"{args.output}: {rows} x {width} float32", file=sys.stderr)
+    else:
+        stream.write_lines(args.output, (lines(pipe, texts, args) for texts in chunks))
     reader.report()
 
 

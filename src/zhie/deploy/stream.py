@@ -25,7 +25,7 @@ from zhie.core.files import atomic_write
 from zhie.data import DataError
 from zhie.data.base import decode_line, text_of_line
 
-__all__ = ["TextReader", "chunks", "write_chunks", "write_lines", "write_npy"]
+__all__ = ["TextReader", "chunks", "write_lines", "write_npy"]
 
 T = TypeVar("T")
 STDIN = "-"
@@ -127,17 +127,3 @@ def write_npy(path: str, blocks: Iterable[np.ndarray]) -> tuple[int, int]:
         atomic_write(path, write)
     return rows, width
 
-
-def write_chunks(path: str | None, outputs: Iterable[list[str] | np.ndarray]) -> tuple[int, int] | None:
-    """Write each chunk's output as it comes (a task command's: :func:`zhie.tasks.base.add_text_command`): lines
-    (:func:`write_lines`), or the rows of a float32 matrix into the ``.npy`` file ``path`` (:func:`write_npy`; returns
-    its shape, and None for lines). The first chunk's output says which."""
-    outputs = iter(outputs)
-    first = next(outputs, None)
-    outputs = itertools.chain([] if first is None else [first], outputs)
-    if isinstance(first, np.ndarray):
-        if path is None:
-            raise ValueError("a matrix of vectors is written to a .npy file: give --output FILE")
-        return write_npy(path, outputs)
-    write_lines(path, outputs)
-    return None

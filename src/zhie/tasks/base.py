@@ -433,17 +433,18 @@ def only_auto_format(format: str, what: str) -> None:
 CHUNK_LINES = 4096
 
 
-def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, handler,
-                     batch_size: int = 32, **flags) -> argparse.ArgumentParser:
+def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, lines,
+                     batch_size: int = 32, vectors=None, **flags) -> argparse.ArgumentParser:
     """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
-    checks that it is a ``task`` model, reads the input lazily in chunks of ``--chunk-lines`` texts and writes
-    ``handler(pipeline, texts, args)`` of each chunk before it reads the next (:mod:`zhie.deploy.stream`): a list of
-    lines, or a float32 matrix whose rows go to the ``.npy`` file of ``--output``. ``flags``: keywords of
-    :func:`add_prediction_flags` (``output_help``)."""
+    checks that it is a ``task`` model, reads the input lazily in chunks of ``--chunk-lines`` texts and writes the
+    output of each chunk before it reads the next (:mod:`zhie.deploy.stream`): ``lines(pipeline, texts, args)``, a
+    list of lines; or, when the command has ``vectors`` (same arguments, a float32 matrix) and ``--output`` is given,
+    the rows of that matrix into the ``.npy`` file. ``flags``: keywords of :func:`add_prediction_flags`
+    (``output_help``)."""
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(p, batch_size, **flags)
-    p.set_defaults(task_command=(task, handler))
+    p.set_defaults(task_command=(task, lines, vectors))
     return p
 
 

@@ -229,7 +229,7 @@ class SimilarityTask(Task):
     @classmethod
     def add_commands(cls, commands) -> None:
         p = add_text_command(commands, cls, "embed", "sentence vectors from a trained sentence-embedding model",
-                             embed, batch_size=64,
+                             embed_lines, batch_size=64, vectors=embed,
                              output_help="write a [n, hidden] float32 .npy file (all or nothing) instead of JSON lines")
         p.add_argument("--no-normalize", action="store_true", help="raw pooled vectors, not L2-normalised")
 
@@ -239,12 +239,12 @@ class SimilarityTask(Task):
         return meta, rename_weights(weights, {"classifier.": None})
 
 
-def embed(pipe: SentencePipeline, texts: list[str], args) -> np.ndarray | list[str]:
-    """``zhie embed`` on one chunk of texts, in input order: the vectors (rows of the ``.npy`` file of ``--output``),
-    or JSON lines with them."""
-    vectors = pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize,
-                          max_tokens=args.max_tokens)
-    if args.output:
-        return vectors
+def embed(pipe: SentencePipeline, texts: list[str], args) -> np.ndarray:
+    """``zhie embed --output FILE.npy`` on one chunk of texts: their vectors, in input order."""
+    return pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize, max_tokens=args.max_tokens)
+
+
+def embed_lines(pipe: SentencePipeline, texts: list[str], args) -> list[str]:
+    """``zhie embed`` on one chunk of texts: a JSON line with each text's vector, in input order."""
     return [json.dumps({"text": t, "embedding": pipe.task.to_json(v)}, ensure_ascii=False)
-            for t, v in zip(texts, vectors)]
+            for t, v in zip(texts, embed(pipe, texts, args))]
