@@ -317,7 +317,7 @@ def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True,
     train on the CPU even where there is a GPU.
     """
     path = job.output.checkpoint_path
-    if resume and torch.distributed.is_available() and torch.distributed.is_initialized():
+    if resume and world_size() > 1:
         torch.distributed.barrier()  # a process may get here while the main one still writes the last checkpoint
     checkpoint = load_checkpoint(path) if resume and path.exists() else None
     session = _Session(model, job, config, cpu, _Progress(**checkpoint["progress"]) if checkpoint else _Progress())
