@@ -1,7 +1,9 @@
 """The training loop on a tiny model: parameter groups, schedule, batching, EMA, learning, logging, early
 stopping, exact resume and atomic writes."""
 
+import os
 import random
+import stat
 from collections import OrderedDict
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from zhie.training import (
     load_checkpoint,
     train,
 )
+from zhie.core.files import atomic_write_text, replace_dir
 from zhie.training.report import read_metrics
 
 VOCAB, DIM, TAGS = 12, 16, 3
@@ -363,6 +366,29 @@ def test_best_dir_is_replaced_atomically(tmp_path):
             save_best=save_twice_fail)
     assert (tmp_path / "best" / "model.txt").read_text() == "complete"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_what_lands_has_the_modes_of_a_plain_write(tmp_path, mask):
+    """mkstemp/mkdtemp make the temporary names private and safetensors writes 0o600; what is renamed into place must
+    not stay so (a model directory written by root would be unreadable to the user a service runs as)."""
+    from safetensors.torch import save_file
+
+    def write(directory: Path) -> None:
+        (directory / "sub").mkdir()
+        save_file({"w": torch.zeros(2)}, str(directory / "sub" / "model.safetensors"))
+        (directory / "run.sh").write_text("")
+        (directory / "run.sh").chmod(0o700)
+
+    old = os.umask(mask)
+    try:
+        atomic_write_text(tmp_path / "metrics.json", "{}")
+        replace_dir(tmp_path / "best", write)
+    finally:
+        os.umask(old)
+    mode = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in tmp_path.rglob("*")}
+    assert mode == {"metrics.json": 0o666 & ~mask, "best": 0o777 & ~mask, "best/sub": 0o777 & ~mask,
+                    "best/sub/model.safetensors": 0o666 & ~mask, "best/run.sh": 0o777 & ~mask}
 
 
 def test_config_is_validated():

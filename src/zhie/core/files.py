@@ -1,14 +1,48 @@
 """Atomic files and directories: every write goes to a temporary name in the same directory and is then
-renamed into place, so a crash leaves either the old file or directory or the new one, never half of one."""
+renamed into place, so a crash leaves either the old file or directory or the new one, never half of one.
+
+What lands has the permissions of a plain ``open(path, "w")`` or ``mkdir``: 0o666 (a directory 0o777) less the
+process's umask, although the temporary names are made private (``mkstemp``: 0o600, ``mkdtemp``: 0o700) and
+safetensors writes its files 0o600. A model directory written by root is then readable by the user a service runs
+as."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+
+def umask() -> int:
+    """The process's umask (Linux: read from ``/proc``; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def publish_modes(path: Path) -> None:
+    """Give ``path`` and, for a directory, everything under it the modes that a plain write would have given them:
+    0o666 less the umask for a file, 0o777 less the umask for a directory or an executable file."""
+    mask = umask()
+    path = Path(path)
+    paths = [path]
+    for root, dirs, names in os.walk(path):  # nothing for a file; symbolic links are not followed
+        paths += [Path(root, name) for name in dirs + names]
+    for p in paths:
+        mode = os.lstat(p).st_mode
+        if not stat.S_ISLNK(mode):
+            os.chmod(p, (0o777 if stat.S_ISDIR(mode) or mode & 0o111 else 0o666) & ~mask)
 
 
 def atomic_write(path: Path, write: Callable[[object], None]) -> None:
@@ -17,6 +51,7 @@ def atomic_write(path: Path, write: Callable[[object], None]) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~umask())
             write(f)
             f.flush()
             os.fsync(f.fileno())
@@ -42,6 +77,7 @@ def replace_dir(target: Path, write: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         write(tmp)
+        publish_modes(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 import ray
 
+from zhie.core.files import publish_modes
 from zhie.data import DataError
 from zhie.deploy.stream import TextReader
 
@@ -157,6 +158,7 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
                 raise data_error from None
             raise
         if local:
+            publish_modes(target)  # mkdtemp made it private
             os.replace(target, output)
     finally:
         if started:

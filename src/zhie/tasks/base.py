@@ -73,7 +73,6 @@ def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
         if record is not None:
             (tmp / card.RECORD_FILE).write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")
         (tmp / card.CARD_FILE).write_text(card.render(json.loads(meta_text), record, about), encoding="utf-8")
-        tmp.chmod(0o755)
 
     replace_dir(out, write)
     return out
