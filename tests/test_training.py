@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zhie.core.files import atomic_write_text, replace_dir
 from zhie.training import (
     EMA,
     TrainConfig,
@@ -23,7 +24,6 @@ from zhie.training import (
     load_checkpoint,
     train,
 )
-from zhie.core.files import atomic_write_text, replace_dir
 from zhie.training.report import read_metrics
 
 VOCAB, DIM, TAGS = 12, 16, 3
