@@ -227,6 +227,19 @@ def test_int8_variants_predict_what_fp32_predicts(variant, int8_export):
     assert int8 >= fp32 - 0.03
 
 
+@pytest.mark.parametrize("kind", ["ner-egp", "re", "cws"])
+def test_static_int8_runs_for_every_head(kind, tmp_path):
+    """onnxruntime 1.32 on an x86 CPU rewrites int8 (s8) activations to u8 when it loads a QDQ graph and, on the graphs
+    that slice a quantised tensor (Efficient GlobalPointer, GPLinker), wrote a QuantizeLinear it then refused
+    ("output_dtype INT8 does not match y_zero_point type UINT8"): static export failed for those heads."""
+    source = trained(kind)
+    out = export(source, tmp_path / kind, quantize="int8", calibration=TRAIN_TEXTS)
+    record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
+    assert record["int8_activations"] == "static" and record["int8_max_abs_diff"] <= INT8_TOLERANCE
+    have, want = zhie.load(out).predict(TEXTS[1:]), zhie.load(source).predict(TEXTS[1:])
+    assert len(have) == len(want)
+
+
 def test_keep_fp32_embeddings_leaves_the_gather_fp32_and_quantises_the_matmuls(int8_export):
     from onnx import TensorProto
 

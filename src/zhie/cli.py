@@ -226,7 +226,7 @@ def _export_parser(sub: argparse._SubParsersAction) -> None:
                          "embedding table) or 'layer.11.' (e5-small's last layer); the names are the torch model's "
                          "parameters (model.encoder.encoder.layer.0.attention.self.query.weight, ...)")
     ex.add_argument("--calibrate", default=None, metavar="FILE",
-                    help="int8: static quantisation (int8 activations too), their ranges measured on the texts of "
+                    help="int8: static quantisation (uint8 activations too), their ranges measured on the texts of "
                          "FILE: one text per line, or JSON lines with a field 'text' (e.g. the training file)")
     ex.add_argument("--calibrate-lines", type=int, default=None, metavar="N",
                     help="read the first N texts of --calibrate FILE (default 200)")

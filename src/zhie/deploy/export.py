@@ -30,9 +30,12 @@ embedding's Gather, one scale per tensor; activations quantised per batch at run
   (``val_93``); such a constant is named after the module of the node that reads it (:func:`weight_names`). Useful
   patterns: ``embeddings``, ``layer.11.`` (e5-small's last layer; the trailing dot keeps ``layer.1.`` from matching
   ``layer.10.``), ``heads.``. A pattern that matches no weight is an error;
-- ``calibration``: texts for static quantisation (``quantize_static``, QDQ format, int8 weights and int8 activations
+- ``calibration``: texts for static quantisation (``quantize_static``, QDQ format, int8 weights and uint8 activations
   whose ranges are measured on these texts, tokenised as the task reads them) instead of dynamic; the same operators
-  as dynamic (matrix products with a constant weight, the embedding's Gather) are quantised.
+  as dynamic (matrix products with a constant weight, the embedding's Gather) are quantised. The activations are
+  uint8, as onnxruntime's x86 kernels take them: given int8 ones, onnxruntime 1.32 rewrites them to uint8 when it
+  loads the graph, and on graphs that slice a quantised tensor (Efficient GlobalPointer, GPLinker) that rewrite wrote
+  a ``QuantizeLinear`` it then refused to load.
 
 A multi-task model exports as one graph with every member's head; its members decode from it as from the torch model.
 """
@@ -189,7 +192,7 @@ def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, red
 
         quantize_static(str(fp32), str(out), Reader(), quant_format=QuantFormat.QDQ,
                         op_types_to_quantize=list(WEIGHT_OPS), per_channel=per_channel, reduce_range=reduce_range,
-                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
                         extra_options={"MatMulConstBOnly": True})
     return {"fp32_weights": kept, "int8_activations": "dynamic" if calibration is None else "static"}
 
