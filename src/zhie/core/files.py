@@ -31,7 +31,7 @@ def umask() -> int:
     return mask
 
 
-def publish_modes(path: Path) -> None:
+def _publish_modes(path: Path) -> None:
     """Give ``path`` and, for a directory, everything under it the modes that a plain write would have given them:
     0o666 less the umask for a file, 0o777 less the umask for a directory or an executable file."""
     mask = umask()
@@ -77,7 +77,7 @@ def replace_dir(target: Path, write: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     try:
         write(tmp)
-        publish_modes(tmp)
+        _publish_modes(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -18,16 +18,13 @@ zhie installed and must see the model directory and the input and output paths (
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 import ray
 
-from zhie.core.files import publish_modes
+from zhie.core.files import replace_dir
 from zhie.data import DataError
 from zhie.deploy.stream import TextReader
 
@@ -141,25 +138,25 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         workers = workers or gpus or 1
-        out = Path(output).resolve()
-        target = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent) if local else output
-        try:
+
+        def write(target) -> None:
             ds = read_rows(files, rows, skip_bad_lines)
             ds = ds.map_batches(Predictor, fn_constructor_kwargs={"model": model, "precision": precision,
                                                                  "batch_size": batch_size, "max_tokens": max_tokens},
                                 batch_size=rows, batch_format="pandas", concurrency=workers,
                                 num_gpus=1 if gpus else 0, num_cpus=cpus_per_worker)
-            ds.write_json(target, force_ascii=False)
-        except BaseException as err:
+            ds.write_json(str(target), force_ascii=False)
+
+        try:
             if local:
-                shutil.rmtree(target, ignore_errors=True)
+                replace_dir(Path(output).resolve(), write)  # the directory appears whole or not at all
+            else:
+                write(output)
+        except BaseException as err:
             data_error = bad_line(err)
             if data_error is not None:  # the reader's FILE:LINE message, not Ray's traceback around it
                 raise data_error from None
             raise
-        if local:
-            publish_modes(target)  # mkdtemp made it private
-            os.replace(target, output)
     finally:
         if started:
             ray.shutdown()
