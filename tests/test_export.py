@@ -153,8 +153,13 @@ def test_export_errors(tmp_path, capsys):
     assert "no zhie.json" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown quantisation"):
         export(source, tmp_path / "y", quantize="int4")
+    exported = export(source, tmp_path / "z")
     with pytest.raises(ValueError, match="CPU"):
-        zhie.load(export(source, tmp_path / "z"), device="cuda")
+        zhie.load(exported, device="cuda")
+    with pytest.raises(ValueError, match="runs in fp32"):
+        zhie.load(exported, precision="bf16")
+    with pytest.raises(FileNotFoundError, match="no zhie.json"):
+        zhie.load(tmp_path / "nothing")
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 

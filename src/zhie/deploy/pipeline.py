@@ -23,15 +23,15 @@ def load(path: str | os.PathLike, device: str | None = None, precision: str = "f
 
     ``precision``: ``fp32``, or ``bf16`` / ``fp16`` for the encoder under autocast (:mod:`zhie.precision`; on the CPU
     too, where it saves memory more than time); an export runs in fp32 only, without torch."""
-    meta = read_meta(path)
-    cls = tasks.get(str(meta.get("task")))
-    if (resolve_model_dir(path) / EXPORT_FILE).exists():
-        if precision != "fp32":
-            raise ValueError(f"{path} is an ONNX export, which runs in fp32; leave out --precision {precision}")
-        if device not in (None, "cpu"):
-            raise ValueError(f"{path} is an ONNX export; zhie runs exports on the CPU (device {device!r} asked)")
-        from zhie.deploy.runtime import load_export
+    model_dir = resolve_model_dir(path)
+    if not (model_dir / EXPORT_FILE).exists():
+        return load_pipeline(path, device, precision)
+    cls = tasks.get(str(read_meta(model_dir).get("task")))
+    if precision != "fp32":
+        raise ValueError(f"{path} is an ONNX export, which runs in fp32; leave out --precision {precision}")
+    if device not in (None, "cpu"):
+        raise ValueError(f"{path} is an ONNX export; zhie runs exports on the CPU (device {device!r} asked)")
+    from zhie.deploy.runtime import load_export
 
-        task, model = load_export(resolve_model_dir(path))
-        return cls.pipeline_class(task, model, "cpu")
-    return load_pipeline(path, device, precision)
+    task, model = load_export(model_dir)
+    return cls.pipeline_class(task, model, "cpu")
