@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from zhie import tasks
-from zhie.deploy.runtime import EXPORT_FILE
+from zhie.deploy.runtime import is_export
 from zhie.tasks.base import Pipeline, load_pipeline, read_meta, resolve_model_dir
 
 __all__ = ["Pipeline", "load"]
@@ -24,7 +24,7 @@ def load(path: str | os.PathLike, device: str | None = None, precision: str = "f
     ``precision``: ``fp32``, or ``bf16`` / ``fp16`` for the encoder under autocast (:mod:`zhie.precision`; on the CPU
     too, where it saves memory more than time); an export runs in fp32 only, without torch."""
     model_dir = resolve_model_dir(path)
-    if not (model_dir / EXPORT_FILE).exists():
+    if not is_export(model_dir):
         return load_pipeline(path, device, precision)
     cls = tasks.get(str(read_meta(model_dir).get("task")))
     if precision != "fp32":
