@@ -106,14 +106,16 @@ def test_nested_spans_come_back_from_the_export(exported):
 
 @pytest.mark.parametrize("exported", ["ner-crf"], indirect=True)
 def test_help_and_predicting_from_an_export_import_no_torch(exported):
-    """Start-up (issue 25): `zhie --help` and `zhie predict EXPORT TEXT` import neither torch nor transformers."""
+    """Start-up (issue 25): `zhie --help`, `zhie --version` and `zhie predict EXPORT TEXT` import neither torch nor
+    transformers."""
     _, _, out = exported
     code = ("import atexit, sys; atexit.register(lambda: print('heavy:', sorted({m.split('.')[0] for m in sys.modules} "
             "& {'torch', 'transformers', 'accelerate'}))); from zhie.cli import main; sys.exit(main(sys.argv[1:]))")
-    for args in (["--help"], ["predict", str(out), TEXTS[1]]):
+    for args in (["--help"], ["--version"], ["predict", str(out), TEXTS[1]]):
         done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and done.stdout.splitlines()[-1] == "heavy: []", (args, done.stdout[-500:],
                                                                                        done.stderr[-2000:])
+        assert args != ["--version"] or done.stdout.splitlines()[0] == f"zhie {zhie.__version__}", done.stdout
 
 
 def test_int8_stays_above_an_accuracy_floor(tmp_path):

@@ -23,6 +23,7 @@ from zhie.data import FORMATS, DataError
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
 from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int
+from zhie.version import __version__
 
 
 def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
@@ -114,6 +115,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     and the others as one line of help (their modules, and the tasks', are not imported)."""
     command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
+    parser.add_argument("--version", action="version", version=f"zhie {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub, command)
     _eval_parser(sub)
