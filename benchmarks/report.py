@@ -186,11 +186,12 @@ def depth_table() -> str:
     return "\n".join(lines)
 
 
-def multitask_table() -> str:
-    """One row per multi-task or single-task run: every member's dev metric, the weights at the last step, s/step."""
+def multitask_table(records: list[dict]) -> str:
+    """One row per multi-task or single-task run of ``benchmarks/multitask.py`` (its JSON lines): every member's dev
+    metric, the weights at the last step, s/step."""
     lines = ["| suite | run | dev metrics (×100) | weights at the last step | s / step (wall) | CPU s |",
              "|---|---|---|---|---|---|"]
-    for r in rows("multitask.jsonl"):
+    for r in records:
         dev = ", ".join(f"{name} {pct(v)}" for name, v in r["dev"].items())
         weights = ", ".join(f"{name} {v:.3g}" for name, v in (r.get("final_weights") or {}).items()) or "–"
         lines.append(f"| {r['suite']} | {r['run']} | {dev} | {weights} | {r['train_s_per_step']:.2f} | "
@@ -279,10 +280,12 @@ def campaign_mtmt_table(section: str = "b/") -> str:
 
 
 if __name__ == "__main__":
+    campaign_multitask = [r for line in rows("campaign.jsonl") if line["key"].startswith("e/") for r in line["results"]]
     print("## NER\n\n" + ner_table() + "\n\n" + ner_seeds_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
           "\n\n## CWS CRF learning-rate study\n\n" + cws_table() + "\n\n## GPLinker\n\n" + relation_tables() +
           "\n\n## Sentence embeddings\n\n" + sts_table() + "\n\n## Encoders\n\n" + encoders_table() +
           "\n\n## Depth\n\n" + depth_table() + "\n\n## Peers and roofline\n\n" + peers_tables() +
-          "\n\n## Multi-task\n\n" + multitask_table() + "\n\n## Pre-training\n\n" + pretrain_tables() +
+          "\n\n## Multi-task\n\n" + multitask_table(rows("multitask.jsonl")) +
+          "\n\n## Pre-training\n\n" + pretrain_tables() +
           "\n\n## Campaign (issue 23)\n\n" + "\n\n".join(campaign_ner_table(s) for s in ("a/", "c/", "d/")) +
-          "\n\n" + campaign_mtmt_table())
+          "\n\n" + campaign_mtmt_table() + "\n\n" + multitask_table(campaign_multitask))
