@@ -119,3 +119,15 @@ def test_segment_then_join_gives_the_input_back(sxu_model, capsys):
     assert '"words"' in out and '"start": 0' in out
     assert main(["eval", str(sxu_model / "run"), "--data", str(sxu_model / "train.txt")]) == 0
     assert '"oov_recall"' in capsys.readouterr().out
+
+
+def test_a_json_lines_file_is_not_read_as_segmented_text(tmp_path):
+    """A NER or relation file given as CWS data (zhie train/eval cws) is an error, not sentences of JSON 'words'."""
+    from zhie.data import DataError
+
+    path = tmp_path / "dev.jsonl"
+    path.write_text("上海  市\n" + '{"text": "北京", "entities": []}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"dev\.jsonl:2: a JSON object, where segmented text .* was expected"):
+        read_segmented(path)
+    path.write_text("{  }  是  一  个  括号\n", encoding="utf-8")  # braces as words are still text
+    assert [s.text for s in read_segmented(path)[0].spans][:2] == ["{", "}"]

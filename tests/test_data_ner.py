@@ -270,6 +270,8 @@ BAD = [
         "outside the text",
     ),
     ("bad.jsonl", '{"text": "ab", "entities": [{"start": 0, "end": 1}]}\n', 1, "missing field 'label'"),
+    ("bad.jsonl", '{"text": "ab", "entities": [{"start": 0, "end": 1, "label": ""}]}\n', 1,
+     "'label' must be a non-empty string"),  # a tagger would train on the tag "B-" and stop without a file:line
     (
         "bad.jsonl",
         '{"text": "ab", "spans": []}\n{"text": "ab", "spans": [{"start": 0, "end": 1, "label": "X", "text": "b"}]}',

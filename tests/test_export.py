@@ -313,3 +313,55 @@ def test_cli_int8_flags(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith("zhie: error: ") and message in err, (args, err)
     assert not (tmp_path / "bad").exists()
+
+
+def test_export_never_replaces_what_is_not_an_export(tmp_path, capsys):
+    """--out that is a file, the model itself or any other non-empty directory is refused before any work (the
+    export would replace its content); so is an export of an export, and an opset ONNX does not have."""
+    source = trained("ner-gp")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    (tmp_path / "a-file").write_text("keep me too")
+    for out, message in ((tmp_path / "notes", "a non-empty directory that is not a zhie export"),
+                         (tmp_path / "a-file", "exists and is not a directory"),
+                         (source, "a non-empty directory that is not a zhie export")):
+        assert main(["export", str(source), "--out", str(out)]) == 2
+        assert f"zhie: error: --out {out}: {message}" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"
+    assert (tmp_path / "a-file").read_text() == "keep me too" and (source / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="--opset 99: ONNX has opsets 1 to"):
+        export(source, tmp_path / "x", opset=99)
+    exported = export(source, tmp_path / "onnx")
+    assert export(source, exported) == exported  # an export is replaced by a new one
+    with pytest.raises(ValueError, match="is already an ONNX export; export the model directory it was made from"):
+        export(exported, tmp_path / "again")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "again").exists()
+
+
+def test_an_opset_the_exporter_cannot_write_is_an_error_not_a_false_record(tmp_path):
+    """torch writes opset 18 when it cannot convert the graph down to the opset asked; export.json said 16."""
+    with pytest.raises(ValueError, match="--opset 16: torch's exporter could not write the model in that opset "
+                                         r"\(the graph has opset 18\)"):
+        export(trained("ner-gp"), tmp_path / "old", opset=16)
+    assert not (tmp_path / "old").exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / EXPORT_FILE).write_text("{"), f"{EXPORT_FILE}: not an export's record"),
+    (lambda d: (d / EXPORT_FILE).write_text("[]"), f"{EXPORT_FILE}: not an export's record"),
+    (lambda d: (d / "model.onnx").write_bytes((d / "model.onnx").read_bytes()[:500]),
+     "model.onnx: onnxruntime cannot load the graph"),
+    (lambda d: (d / "head.safetensors").write_bytes(b"\x00" * 10), "head.safetensors: cannot be read")])
+def test_a_damaged_export_is_one_clear_error(damage, message, exported_once, tmp_path, capsys):
+    import shutil
+
+    out = shutil.copytree(exported_once, tmp_path / "onnx")
+    damage(out)
+    assert main(["predict", str(out), TEXTS[1]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zhie: error: ") and message in err and "again" in err, err
+
+
+@pytest.fixture(scope="module")
+def exported_once(tmp_path_factory):
+    return export(trained("ner-crf"), tmp_path_factory.mktemp("export") / "ner-crf")

@@ -409,3 +409,10 @@ def test_a_relation_members_schema_path_is_relative_to_the_config(tmp_path):
     (tmp_path / "sub/mt.toml").write_text(text.replace("schema.json", "nope.json"), encoding="utf-8")
     with pytest.raises(ConfigError, match="task 're': options.schema: .*nope.json does not exist"):
         read_config(tmp_path / "sub/mt.toml")
+
+
+def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
+    config = tmp_path / "mt.toml"
+    config.write_bytes('[weighting]\nscheme = "equal"  # 权重\n'.encode("gb18030"))
+    with pytest.raises(ConfigError, match=r"mt\.toml: not valid UTF-8 .*; save it as UTF-8"):
+        read_config(config)

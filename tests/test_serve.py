@@ -348,6 +348,10 @@ def test_cli_serve_flags_and_errors(tmp_path, capsys):
     assert "--max-wait-ms" in capsys.readouterr().out
     assert main(["serve", str(tmp_path / "missing")]) == 2
     assert "no zhie.json" in capsys.readouterr().err
+    for port in ("65536", "-1"):  # refused by the parser, before the model loads (not bind()'s OverflowError)
+        with pytest.raises(SystemExit):
+            main(["serve", str(tmp_path / "missing"), "--port", port])
+        assert f"argument --port: must be a port number from 0 to 65535, got {port}" in capsys.readouterr().err
 
 
 def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):

@@ -32,7 +32,9 @@ def test_read_pairs_stsb_and_atec():
 
 def test_read_pairs_errors(tmp_path):
     for content, reason in [("a\tb\n", "3 tab-separated"), ("a\tb\tx\n", "not a number"), ("", "empty file"),
-                            ("\tb\t1\n", "empty sentence")]:
+                            ("\tb\t1\n", "empty sentence"), ("a\tb\t1\na\tb\tnan\n", "p.data:2: label 'nan' is not a "
+                                                                      "finite number"),
+                            ("a\tb\t-inf\n", "not a finite number")]:
         (tmp_path / "p.data").write_text(content, encoding="utf-8")
         with pytest.raises(DataError, match=reason):
             read_pairs(tmp_path / "p.data")

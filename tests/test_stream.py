@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 import zhie
 from tests.tiny_models import nested_corpus, trained
 from zhie.cli import main
+from zhie.deploy import stream
 from zhie.tasks.base import sorted_batches
 
 # texts of different lengths (so that sorting inside a chunk reorders them), one longer than a 64-token window
@@ -120,3 +122,19 @@ def test_segment_and_embed_stream_to_output_files(tmp_path, capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["text"] for r in rows] == TEXTS
     assert np.allclose(np.array([r["embedding"] for r in rows]), np.load(tmp_path / "v.npy"), atol=1e-5)
+
+
+@pytest.mark.parametrize("command", ["predict", "segment", "embed", "eval"])
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_model_loads(command, tmp_path, capsys):
+    """--output (--json, --errors) in a directory that does not exist, or naming a directory: one clear message
+    (not the temporary file's name), before any work: the model path here is not even a model."""
+    flag = "--json" if command == "eval" else "--output"
+    args = ["--data", "x.jsonl"] if command == "eval" else ["一句话"]
+    for target, message in ((tmp_path / "missing" / "out.txt", f"the directory {tmp_path / 'missing'} does not exist"),
+                            (tmp_path, "is a directory; give the name of a file")):
+        assert main([command, str(tmp_path / "no-model"), *args, flag, str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"zhie: error: {target}: {message}") and ".tmp" not in err, err
+    assert not (tmp_path / "missing").exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        stream.write_npy(str(tmp_path / "missing" / "v.npy"), [np.zeros((1, 2))])

@@ -198,3 +198,81 @@ def test_an_old_gplinker_model_loads(tmp_path):
     assert after.task.config == before.task.config
     state, old_state = after.model.state_dict(), before.model.state_dict()
     assert all(torch.equal(state[k], old_state[k]) for k in state)
+
+
+# ------------------------------------------------------------------------------------------ bad input to the CLI
+@pytest.fixture(scope="module")
+def ner_dir(tmp_path_factory):
+    """A NER model directory (one training step on the demo corpus)."""
+    out = tmp_path_factory.mktemp("ner")
+    write_ner_jsonl(demo.make_corpus(16, seed=0), out / "train.jsonl")
+    zhie.fit("ner", out / "train.jsonl", out / "train.jsonl", out=out / "run", encoder="tiny", head="gp",
+             config=TrainConfig(max_steps=1, batch_size=16), resume=False, progress=False)
+    return out / "run" / "best"
+
+
+def _truncate(file):
+    file.write_bytes(file.read_bytes()[:-100])
+
+
+def _drop_a_head_weight(directory):
+    weights = load_file(str(directory / HEAD_FILE))
+    save_file({k: v for k, v in weights.items() if not k.endswith("dense.bias")}, str(directory / HEAD_FILE))
+
+
+def _change_the_labels(directory):
+    meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
+    (directory / META_FILE).write_text(json.dumps({**meta, "labels": ["A"]}), encoding="utf-8")
+
+
+DAMAGES = {  # what is done to a model directory -> what `zhie predict` says of it
+    "zhie.json not JSON": (lambda d: (d / META_FILE).write_text('{"task": "ner", "labels": ['),
+                           f"{META_FILE}: not valid JSON"),
+    "zhie.json not UTF-8": (lambda d: (d / META_FILE).write_bytes(b'{"task": "\xff"}'), f"{META_FILE}: not valid JSON"),
+    "zhie.json a list": (lambda d: (d / META_FILE).write_text("[1]"), f"{META_FILE}: expected a JSON object"),
+    "zhie.json without task": (lambda d: (d / META_FILE).write_text('{"labels": []}'),
+                               f"{META_FILE}: expected a JSON object with the model's \"task\""),
+    "model.safetensors truncated": (lambda d: _truncate(d / "model.safetensors"),
+                                    "the encoder's weights (model.safetensors) cannot be read"),
+    "head.safetensors truncated": (lambda d: _truncate(d / HEAD_FILE), f"{HEAD_FILE}: cannot be read"),
+    "head.safetensors missing": (lambda d: (d / HEAD_FILE).unlink(), f"{HEAD_FILE}: missing from the model directory"),
+    "a head weight missing": (_drop_a_head_weight, f"{HEAD_FILE}: missing ['heads.ner.dense.bias']"),
+    "zhie.json of other weights": (_change_the_labels, "wrong shape ['heads.ner.dense.bias (384,), expected (128,)'"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_model_directory_is_one_clear_error(damage, ner_dir, tmp_path, capsys):
+    import shutil
+
+    model = shutil.copytree(ner_dir, tmp_path / "model")
+    do, message = DAMAGES[damage]
+    do(model)
+    assert main(["predict", str(model), "北京"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zhie: error: ") and message in err and "Traceback" not in err, err
+
+
+def test_an_unknown_device_is_one_clear_error(ner_dir):
+    with pytest.raises(ValueError, match="cannot put the model on the device 'nowhere'.*use cpu"):
+        zhie.load(ner_dir, device="nowhere")
+
+
+@pytest.mark.parametrize("task, data", [("ner", "ner.jsonl"), ("cws", "cws.txt"), ("re", "re.jsonl"),
+                                        ("sts", "pairs.tsv")])
+def test_a_max_length_without_room_for_text_is_refused(task, data, tmp_path, capsys):
+    files = {"ner.jsonl": '{"text": "北京", "entities": [{"start": 0, "end": 2, "label": "LOC"}]}',
+             "cws.txt": "上海  市", "re.jsonl": '{"text": "北京是首都", "spo_list": [{"subject": "北京", '
+                                               '"predicate": "是", "object": "首都"}]}',
+             "pairs.tsv": "北京\t上海\t1"}
+    (tmp_path / data).write_text(files[data] + "\n", encoding="utf-8")
+    assert main(["train", task, "--train", str(tmp_path / data), "--dev", str(tmp_path / data), "--encoder", "tiny",
+                 "--out", str(tmp_path / "run"), "--max-length", "2", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("zhie: error: --max-length 2: a window (a sentence) holds [CLS], [SEP]")
+
+
+def test_a_missing_data_file_is_named_without_python_s_errno(tmp_path, capsys):
+    missing = tmp_path / "train.jsonl"
+    assert main(["train", "ner", "--train", str(missing), "--dev", str(missing), "--encoder", "tiny", "--out",
+                 str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err == f"zhie: error: {missing}: No such file or directory\n"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from zhie import tasks
-from zhie.core.files import atomic_write_text
+from zhie.core.files import atomic_write_text, check_file_target
 from zhie.data import FORMATS, DataError
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
@@ -189,7 +189,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sv = sub.add_parser("serve", help="serve a model over HTTP (API, request batching, a page at /); the serve extra")
     sv.add_argument("model", help="model directory, run directory with best/, or export directory")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=port_number, default=8000)
     sv.add_argument("--max-batch", type=positive_int, default=64,
                     help="texts per model call, gathered across requests (1: no batching)")
     sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a call waits for more requests")
@@ -209,6 +209,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
     sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
                     help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
+
+
+def port_number(value: str) -> int:
+    """``--port``: a TCP port, 0 to 65535 (0: one the system picks)."""
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {value}")
+    return port
 
 
 def _export_parser(sub: argparse._SubParsersAction) -> None:
@@ -276,6 +284,9 @@ def cmd_train(args) -> None:
 def cmd_eval(args) -> None:
     import zhie
 
+    for target in (args.json, args.errors):  # before the evaluation, which may take long
+        if target:
+            check_file_target(Path(target))
     pipe = zhie.load(args.model, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
@@ -307,6 +318,8 @@ def cmd_predict(args) -> None:
                                   skip_bad_lines=args.skip_bad_lines)
         return
     reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
+    if args.output:
+        check_file_target(Path(args.output))
     pipe = zhie.load(args.model, precision=args.precision)
     stream.write_lines(args.output, (prediction_lines(pipe, texts, args.batch_size, args.max_tokens)
                                      for texts in stream.chunks(reader, args.chunk_lines)))
@@ -328,6 +341,8 @@ def cmd_task_command(args) -> None:
 
     cls, lines, vectors = args.task_command
     reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
+    if args.output:
+        check_file_target(Path(args.output))
     pipe = zhie.load(args.model, precision=args.precision)
     if not isinstance(pipe.task, cls):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a {cls.name} model")
@@ -457,9 +472,17 @@ def main(argv: list[str] | None = None) -> int:
               f"pip install 'zhie[train]'", file=sys.stderr)
         return 2
     except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
-        print(f"zhie: error: {err}", file=sys.stderr)
+        print(f"zhie: error: {error_message(err)}", file=sys.stderr)
         return 2
     return 0
+
+
+def error_message(err: Exception) -> str:
+    """What ``zhie: error:`` says of ``err``: its message, or for the system's own error on a file ``FILE: reason``
+    (``missing.json: No such file or directory``, without Python's ``[Errno 2]``)."""
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        return f"{err.filename}: {err.strerror}"
+    return str(err)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,21 @@ def _publish_modes(path: Path) -> None:
             os.chmod(p, (0o777 if stat.S_ISDIR(mode) or mode & 0o111 else 0o666) & ~mask)
 
 
+def check_file_target(path: Path) -> None:
+    """A clear error, before anything is written, when no file can be written at ``path``: its directory does not
+    exist, or ``path`` is a directory."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory; give the name of a file to write")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: the directory {path.parent} does not exist; create it first, or write "
+                                "somewhere else")
+
+
 def atomic_write(path: Path, write: Callable[[object], None]) -> None:
     """Call ``write(binary_file)`` on a temporary file next to ``path``, fsync, then rename it to ``path``."""
     path = Path(path)
+    check_file_target(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:

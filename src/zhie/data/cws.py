@@ -6,6 +6,7 @@ concatenated text; full-width characters are kept as they are. Blank lines are s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,10 +25,24 @@ def words_to_example(words: list[str]) -> NerExample:
 
 
 def read_segmented(path: PathLike) -> list[NerExample]:
-    examples = [words_to_example(line.split()) for _, line in iter_lines(path) if line.strip()]
+    examples = []
+    for lineno, line in iter_lines(path):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{") and _is_json_object(line):
+            raise DataError(path, lineno, "a JSON object, where segmented text (words separated by spaces) was "
+                            "expected; is this a file of another task (NER, relations)?")
+        examples.append(words_to_example(line.split()))
     if not examples:
         raise DataError(path, 1, "empty file: no segmented sentence")
     return examples
+
+
+def _is_json_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
 
 
 def write_segmented(examples: Iterable[NerExample], path: PathLike, sep: str = "  ") -> None:

@@ -319,8 +319,8 @@ def _jsonl_record(path: PathLike, lineno: int, record: dict) -> NerExample:
             if k not in ent:
                 raise DataError(path, lineno, f"{what}: missing field {k!r}")
         start, end, label = ent["start"], ent["end"], ent["label"]
-        if not isinstance(label, str):
-            raise DataError(path, lineno, f"{what}: 'label' must be a string, got {label!r}")
+        if not isinstance(label, str) or not label:
+            raise DataError(path, lineno, f"{what}: 'label' must be a non-empty string (the type), got {label!r}")
         _check_range(path, lineno, text, start, end, what)
         if "text" in ent and ent["text"] != text[start:end]:
             raise DataError(

@@ -5,6 +5,7 @@ Labels are numbers: binary (0/1) or graded (e.g. STS-B's 0–5). Blank lines are
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from zhie.data.base import DataError, PathLike, iter_lines
@@ -29,6 +30,9 @@ def read_pairs(path: PathLike) -> list[Pair]:
             label = float(fields[2])
         except ValueError:
             raise DataError(path, lineno, f"label {fields[2]!r} is not a number") from None
+        if not math.isfinite(label):
+            raise DataError(path, lineno, f"label {fields[2]!r} is not a finite number; give a score such as 0, 1 "
+                            "or 3.8")
         if not fields[0].strip() or not fields[1].strip():
             raise DataError(path, lineno, "empty sentence")
         pairs.append(Pair(fields[0], fields[1], label))

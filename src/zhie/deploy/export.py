@@ -56,7 +56,7 @@ from torch import Tensor, nn
 
 from zhie.core import card
 from zhie.core.text import TextTokenizer
-from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS
+from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS, is_export
 from zhie.tasks.base import model_inputs, resolve_model_dir, save_model_dir
 from zhie.version import __version__
 
@@ -222,6 +222,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     texts, a ``keep_fp32`` pattern that matches no weight, or an fp32 graph whose logits differ from torch's by more
     than :data:`FP32_TOLERANCE` on :data:`CHECK_TEXTS`.
     """
+    import onnx
     import onnxruntime as ort
 
     from zhie.deploy.pipeline import load
@@ -240,6 +241,10 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
         raise ValueError("static quantisation needs calibration texts, and none were given")
     if any(not p for p in keep_fp32):
         raise ValueError("an empty keep_fp32 pattern would match every weight; leave out quantize='int8' instead")
+    if not 1 <= opset <= onnx.defs.onnx_opset_version():
+        raise ValueError(f"--opset {opset}: ONNX has opsets 1 to {onnx.defs.onnx_opset_version()}; use one the model "
+                         f"can be written in, such as the default {DEFAULT_OPSET}")
+    check_out(model_dir, Path(out))
     pipe = load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
@@ -260,6 +265,10 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
                               input_names=list(INPUTS), output_names=output_names(layout), opset_version=opset,
                               dynamic_shapes=({0: dim("batch"), 1: dim("length")},) * 2, dynamo=True,
                               external_data=False, verbose=False)
+        written = graph_opset(graph)
+        if written != opset:
+            raise ValueError(f"--opset {opset}: torch's exporter could not write the model in that opset (the graph "
+                             f"has opset {written}); use a later one, such as the default {DEFAULT_OPSET}")
         session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
         diff = largest_difference(expected, session.run(None, {k: check[k].numpy() for k in INPUTS}))
         if diff > FP32_TOLERANCE:
@@ -289,6 +298,26 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     about, record = card_facts(task, model_dir, quantize)
     return save_model_dir(out, model, task.tokenizer, {"task": task.name, **dataclasses.asdict(task.config)}, files,
                           about=about, record=record)
+
+
+def check_out(model_dir: str | os.PathLike, out: Path) -> None:
+    """Refuse, before any work, an export of an export, and an ``out`` whose content the export would replace and that
+    is not an export (a file, the model itself, any other non-empty directory)."""
+    if is_export(resolve_model_dir(model_dir)):
+        raise ValueError(f"{model_dir} is already an ONNX export; export the model directory it was made from")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out}: exists and is not a directory; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not is_export(out):
+        raise ValueError(f"--out {out}: a non-empty directory that is not a zhie export (its content would be "
+                         "replaced); choose another --out")
+
+
+def graph_opset(graph: Path) -> int:
+    """The ONNX opset of the graph file ``graph`` (its default domain's)."""
+    import onnx
+
+    imports = onnx.load(str(graph), load_external_data=False).opset_import
+    return next(o.version for o in imports if o.domain in ("", "ai.onnx"))
 
 
 def card_facts(task, model_dir: str | os.PathLike, quantize: str | None) -> tuple[dict, dict | None]:

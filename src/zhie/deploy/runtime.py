@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from zhie import tasks
-from zhie.tasks.base import HEAD_FILE, read_meta
+from zhie.tasks.base import HEAD_FILE, load_weights, read_meta
 
 GRAPH_FILE = "model.onnx"
 EXPORT_FILE = "export.json"
@@ -44,15 +44,22 @@ class OnnxModel:
         from safetensors.numpy import load_file
 
         directory = Path(directory)
-        self.record = json.loads((directory / EXPORT_FILE).read_text(encoding="utf-8"))
-        self.layout: dict[str, list[str] | None] = self.record["outputs"]
+        again = "the export is damaged or was edited: export the model again (zhie export)"
+        try:
+            self.record = json.loads((directory / EXPORT_FILE).read_text(encoding="utf-8"))
+            self.layout: dict[str, list[str] | None] = dict(self.record["outputs"])
+            graph = directory / self.record["graph"]
+        except (ValueError, KeyError, TypeError) as err:  # not UTF-8, not JSON, or not an export's record
+            raise ValueError(f"{directory / EXPORT_FILE}: not an export's record ({err!r}); {again}") from None
         self.heads = list(self.layout)
         options = ort.SessionOptions()
         if threads is not None:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(str(directory / self.record["graph"]), options,
-                                            providers=["CPUExecutionProvider"])
-        self.weights = load_file(str(directory / HEAD_FILE))
+        try:
+            self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's own errors (InvalidProtobuf, NoSuchFile, ...) derive from Exception
+            raise ValueError(f"{graph}: onnxruntime cannot load the graph ({err}); {again}") from None
+        self.weights = load_weights(load_file, directory / HEAD_FILE)
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         self.encoder_config = SimpleNamespace(**config)  # what GET /info reports (model_type)
         self.directory = directory

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from zhie.core.files import atomic_write
+from zhie.core.files import atomic_write, check_file_target
 from zhie.data import DataError
 from zhie.data.base import decode_line, text_of_line
 
@@ -110,6 +110,7 @@ def write_npy(path: str, blocks: Iterable[np.ndarray]) -> tuple[int, int]:
     """Write the rows of the 2-d ``blocks`` as one float32 ``.npy`` file without holding them all (the header needs the
     row count: the rows go to a temporary file first); atomically. Returns the array's shape."""
     path = Path(path)
+    check_file_target(path)
     rows, width = 0, 0
     with tempfile.TemporaryFile(dir=path.parent) as raw:
         for block in blocks:

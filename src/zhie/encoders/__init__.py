@@ -34,8 +34,9 @@ from zhie.encoders import e5
 PRETRAINING_HEADS = ("cls.", "lm_head.", "predictions.", "sop_classifier.", "generator_lm_head.")
 
 
-class WeightsMismatchError(RuntimeError):
-    """A checkpoint whose weights do not match the model built from its config."""
+class WeightsMismatchError(ValueError):
+    """A checkpoint whose weights do not match the model built from its config (bad input: ``zhie`` says so and exits
+    with status 2)."""
 
 
 def load(name_or_dir: str | os.PathLike, *, texts: Iterable[str] | None = None, cache_dir=None,
@@ -71,6 +72,7 @@ def is_random(name: str | os.PathLike) -> bool:
 
 
 def load_pretrained(name_or_dir: str | os.PathLike):
+    from safetensors import SafetensorError
     from transformers import AutoModel, AutoTokenizer
 
     name = str(name_or_dir)
@@ -87,6 +89,9 @@ def load_pretrained(name_or_dir: str | os.PathLike):
             tokenizer = AutoTokenizer.from_pretrained(name, **config)
             model, info = (own or AutoModel).from_pretrained(name, output_loading_info=True, weights_only=True,
                                                              **config)
+    except SafetensorError as err:  # a truncated or damaged weights file
+        raise ValueError(f"{name}: the encoder's weights (model.safetensors) cannot be read ({err}): the file is "
+                         "truncated or damaged; copy the model directory again, or train the model again") from None
     except OSError as err:
         if local:
             raise

@@ -90,7 +90,28 @@ def read_meta(path: str | os.PathLike) -> dict:
     file = resolve_model_dir(path) / META_FILE
     if not file.exists():
         raise FileNotFoundError(f"{path}: no {META_FILE}; is this a model directory written by `zhie train`?")
-    return json.loads(file.read_text(encoding="utf-8"))
+    damaged = "the model directory is damaged or was edited: copy it again, or train the model again"
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file}: not valid JSON ({err}); {damaged}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("task"), str):
+        raise ValueError(f"{file}: expected a JSON object with the model's \"task\"; {damaged}")
+    return meta
+
+
+def load_weights(load_file: Callable[[str], dict], file: Path) -> dict:
+    """``load_file(file)`` (safetensors' torch or numpy ``load_file``), with a clear error for a missing, truncated or
+    damaged file."""
+    from safetensors import SafetensorError
+
+    again = "copy the model directory again, or train the model again"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file}: missing from the model directory; {again}")
+    try:
+        return load_file(str(file))
+    except SafetensorError as err:
+        raise ValueError(f"{file}: cannot be read ({err}): the file is truncated or damaged; {again}") from None
 
 
 # ------------------------------------------------------------------------------------------------- tensors
@@ -404,7 +425,7 @@ class Task:
 
         path = resolve_model_dir(path)
         meta = read_meta(path)
-        weights = load_file(str(path / HEAD_FILE))
+        weights = load_weights(load_file, path / HEAD_FILE)
         if meta.get("format", 1) < MODEL_FORMAT:
             meta, weights = cls.upgrade(meta, weights)
         fields = cls.config_class.__dataclass_fields__
@@ -412,10 +433,14 @@ class Task:
         encoder, tokenizer = encoders.load_pretrained(path)
         task = cls(config, tokenizer)
         model = Model(encoder, task.build_heads(encoder.config.hidden_size))
-        expected = {k for k in model.state_dict() if not k.startswith("encoder.")}
-        missing, unexpected = sorted(expected - set(weights)), sorted(set(weights) - expected)
-        if missing or unexpected:
-            raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}")
+        state = {k: v for k, v in model.state_dict().items() if not k.startswith("encoder.")}
+        missing, unexpected = sorted(set(state) - set(weights)), sorted(set(weights) - set(state))
+        shapes = sorted(f"{k} {tuple(weights[k].shape)}, expected {tuple(state[k].shape)}"
+                        for k in set(state) & set(weights) if weights[k].shape != state[k].shape)
+        if missing or unexpected or shapes:
+            raise WeightsMismatchError(f"{path}/{HEAD_FILE}: missing {missing}, unexpected {unexpected}"
+                                       + (f", wrong shape {shapes} (does {META_FILE} belong to these weights?)"
+                                          if shapes else ""))
         model.load_state_dict(weights, strict=False)
         model.eval()
         task.load_files(path)
@@ -471,6 +496,15 @@ def add_batching_flags(p: argparse.ArgumentParser) -> None:
                    help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
 
 
+def check_max_length(max_length: int) -> int:
+    """A task's ``--max-length`` (``max_length`` in a multi-task config), checked: [CLS], [SEP] and at least one
+    token of text."""
+    if max_length < 3:
+        raise ValueError(f"--max-length {max_length}: a window (a sentence) holds [CLS], [SEP] and at least one token "
+                         "of text; give 3 or more")
+    return max_length
+
+
 def positive_int(value: str) -> int:
     number = int(value)
     if number < 1:
@@ -523,7 +557,11 @@ class Pipeline:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = str(device)
-        self.model.to(self.device)
+        try:
+            self.model.to(self.device)
+        except (RuntimeError, AssertionError) as err:  # torch: a device name it does not know, or no CUDA here
+            raise ValueError(f"cannot put the model on the device {self.device!r} ({err}); use cpu, or cuda on a "
+                             "machine with a GPU") from None
         self.precision = precision
         self.autocast()  # an unknown precision, or one the device lacks, fails here
 

@@ -19,7 +19,14 @@ from zhie.core.spans import Span
 from zhie.data import NerExample
 from zhie.data.cws import read_segmented
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, WindowedTask, add_text_command, only_auto_format
+from zhie.tasks.base import (
+    Pipeline,
+    Task,
+    WindowedTask,
+    add_text_command,
+    check_max_length,
+    only_auto_format,
+)
 from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 
 VOCAB_FILE = "train_words.txt"
@@ -100,7 +107,7 @@ class CwsTask(NerTask):
     @classmethod
     def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "crf", max_length: int = 256,
                   crf_lr_multiplier: float = 100.0) -> NerConfig:
-        return NerConfig([""], head=head, mode="char", max_length=max_length, scheme="BMES",
+        return NerConfig([""], head=head, mode="char", max_length=check_max_length(max_length), scheme="BMES",
                          crf_lr_multiplier=crf_lr_multiplier)
 
     def split_long(self, examples: list[NerExample]) -> list[NerExample]:

@@ -130,7 +130,10 @@ class MemberExamples:
 def _load_file(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); save it as UTF-8") from None
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml

@@ -38,7 +38,7 @@ from zhie.core.text import windows
 from zhie.core.words import word_heads, word_ranges, word_spans, word_tags
 from zhie.data import NerExample, read_ner
 from zhie.tasks import register
-from zhie.tasks.base import WindowedTask, pad, rename_weights, sparse_cells
+from zhie.tasks.base import WindowedTask, check_max_length, pad, rename_weights, sparse_cells
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -329,7 +329,8 @@ class NerTask(WindowedTask):
                   max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0,
                   gp_prior_init: bool = True) -> NerConfig:
         labels = sorted({s.label for ex in examples for s in ex.spans})
-        return NerConfig(labels, head=head, mode="subword" if mode == "word" else mode, max_length=max_length,
+        return NerConfig(labels, head=head, mode="subword" if mode == "word" else mode,
+                         max_length=check_max_length(max_length),
                          flatten=flatten, crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init,
                          words=mode == "word")
 

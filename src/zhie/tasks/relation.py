@@ -32,7 +32,7 @@ from zhie.core.spans import Span
 from zhie.core.text import windows
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
-from zhie.tasks.base import WindowedTask, only_auto_format, rename_weights, sparse_cells
+from zhie.tasks.base import WindowedTask, check_max_length, only_auto_format, rename_weights, sparse_cells
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -121,7 +121,7 @@ class RelationTask(WindowedTask):
                   max_length: int = 256) -> RelationConfig:
         predicates = read_schema(schema) if schema else \
             list(dict.fromkeys(t.predicate for ex in examples for t in ex.triples))
-        return RelationConfig(predicates, head=head, max_length=max_length)
+        return RelationConfig(predicates, head=head, max_length=check_max_length(max_length))
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         from zhie.heads import GPLinkerHead

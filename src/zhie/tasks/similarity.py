@@ -30,6 +30,7 @@ from zhie.tasks.base import (
     Pipeline,
     Task,
     add_text_command,
+    check_max_length,
     input_arrays,
     model_inputs,
     only_auto_format,
@@ -134,7 +135,7 @@ class SimilarityTask(Task):
             raise ValueError(f"the sbert loss needs training labels 0, 1, 2, … (classes), got {labels[:5]}")
         if prefix is None:
             prefix = "query: " if "e5" in Path(str(encoder)).name.lower() else ""
-        return SimilarityConfig(loss=loss, pooling=pooling, max_length=max_length, prefix=prefix,
+        return SimilarityConfig(loss=loss, pooling=pooling, max_length=check_max_length(max_length), prefix=prefix,
                                 num_classes=int(labels[-1]) + 1 if loss == "sbert" else 0,
                                 label_min=labels[0], label_max=labels[-1])
 

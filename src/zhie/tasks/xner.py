@@ -28,7 +28,7 @@ from zhie.core.text import TextTokenizer
 from zhie.core.words import word_heads, word_ranges, word_tags
 from zhie.data import NerExample, read_ner
 from zhie.tasks import register
-from zhie.tasks.base import Task, device_of, model_inputs, sorted_batches
+from zhie.tasks.base import Task, check_max_length, device_of, model_inputs, sorted_batches
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -136,7 +136,8 @@ class XnerEvaluatorTask(Task):
     def configure(cls, examples: list[NerExample], *, encoder: str, max_length: int = 128, pairs: int = 20_000,
                   dev_pairs: int = 2_000, balanced: bool = True) -> EvaluatorConfig:
         labels = sorted({s.label for ex in examples for s in ex.spans})
-        return EvaluatorConfig(["O"] + [f"{p}-{label}" for label in labels for p in "BI"], max_length=max_length,
+        return EvaluatorConfig(["O"] + [f"{p}-{label}" for label in labels for p in "BI"],
+                               max_length=check_max_length(max_length),
                                pairs=pairs, dev_pairs=dev_pairs, balanced=balanced)
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
