@@ -21,6 +21,15 @@ of its own. ``run`` executes the rows whose key has no line in ``benchmarks/resu
   wall seconds over every session, the load average, and the benchmark's own lines (every option it records).
   A failed row is logged in ``<dir>/failed.jsonl`` with its stderr tail and retried by the next ``run``.
 
+A lent GPU machine can run the plan's ``benchmarks/ner.py`` rows many at a time: ``device_pack.py --campaign``
+packs the rows left with their commit's code, ``benchmarks/gpu_campaign.sh`` runs them there, and ``import`` checks
+what came back against the plan (the same key, commit and training options) and appends it like the runner's
+lines, with the device named and no CPU seconds.
+
+    python benchmarks/device_pack.py --campaign c/                         # here
+    bash benchmarks/gpu_campaign.sh 16 540                                 # there, carrying .devcarry
+    python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl    # here, with what came back
+
 ``<dir>`` is ``ZHIE_CAMPAIGN_DIR`` or ``../campaign`` beside the repository. Placeholders in a command:
 ``{python}`` (this interpreter), ``{run_dir}``, ``{runs}`` (every row's run directory: a row may reuse another's
 models), ``{data}`` (the datasets). Timings of campaign rows are not performance figures: the rows run niced beside
@@ -199,6 +208,69 @@ def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str |
     return 1 if failed else 0
 
 
+TRAINING_ONLY = {"--quiet": 0, "--out": 1, "--save-every": 1, "--encoder": 1}  # where and how often, not what
+
+
+def ner_options(command: str) -> list[str] | None:
+    """A ``benchmarks/ner.py`` command's training options, without those that only say where it writes, how often it
+    checkpoints, and where e5-small is read from (the GPU machine reads a pruned copy); None for other benchmarks."""
+    words = shlex.split(command)
+    if "benchmarks/ner.py" not in words:
+        return None
+    words, options = words[words.index("benchmarks/ner.py") + 1:], []
+    while words:
+        word = words.pop(0)
+        if word in TRAINING_ONLY:
+            del words[:TRAINING_ONLY[word]]
+        else:
+            options.append(word)
+    return options
+
+
+def gpu_rows(plan_path: Path, results: Path, only: str | None) -> list[tuple[str, str, list[str]]]:
+    """The plan's ner.py rows left: (key, commit, training options) each (``gpu_campaign.sh``'s input)."""
+    _, rows = read_plan(plan_path)
+    finished = read_results(results)
+    return [(r["key"], r["commit"], ner_options(r["command"])) for r in rows
+            if r["key"] not in finished and ner_options(r["command"]) is not None
+            and (only is None or r["key"].startswith(only))]
+
+
+def import_rows(plan_path: Path, results: Path, path: Path) -> int:
+    """Append the rows that ``gpu_campaign.sh`` ran (its ``gpu_rows.jsonl``) to the campaign's lines: each must be a
+    row of the plan that has no line yet and have run the plan's options; returns how many were appended."""
+    plan = {r["key"]: r for r in read_plan(plan_path)[1]}
+    finished = read_results(results)
+    records = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        ran = json.loads(line)
+        where = f"{path}: line {i + 1} ({ran.get('key')})"
+        missing = {"key", "commit", "rc", "wall_s", "args", "results"} - set(ran)
+        if missing:
+            raise PlanError(f"{where}: no {', '.join(sorted(missing))}; is this gpu_campaign.sh's gpu_rows.jsonl?")
+        row = plan.get(ran["key"])
+        if row is None:
+            raise PlanError(f"{where}: no row of the plan has this key; add it to the plan first")
+        if ran["key"] in finished:
+            print(f"{where}: already in {results.name}, skipped", file=sys.stderr)
+            continue
+        if ran["rc"] != 0 or not ran["results"]:
+            print(f"{where}: exit {ran['rc']}, skipped", file=sys.stderr)
+            continue
+        if shlex.split(ran["args"]) != ner_options(row["command"]) or ran["commit"] != row["commit"]:
+            raise PlanError(f"{where}: ran {ran['args']!r} at {ran['commit'][:10]}, the plan says "
+                            f"{row['command']!r} at {row['commit'][:10]}")
+        records.append({"key": ran["key"], "commit": row["commit"], "seed": seed_of(row["command"]),
+                        "command": row["command"], "device": ran["results"][-1]["machine"],
+                        "device_command": ran["results"][-1]["command"], "parallel": ran.get("parallel"),
+                        "cpu_s": None, "cpu_s_complete": False, "wall_s": ran["wall_s"], "sessions": 1,
+                        "load_avg": [], "finished": ran.get("finished") or _now(), "results": ran["results"]})
+    results.parent.mkdir(parents=True, exist_ok=True)
+    with results.open("a", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return len(records)
+
+
 def status(plan_path: Path, results: Path, directory: Path) -> str:
     commit, rows = read_plan(plan_path)
     finished = read_results(results)
@@ -214,6 +286,10 @@ def status(plan_path: Path, results: Path, directory: Path) -> str:
     lines, left_min, done_min, estimate_done = [], 0.0, 0.0, 0.0
     for row in rows:
         key, estimate = row["key"], float(row.get("estimate_cpu_min", 0))
+        if key in finished and finished[key].get("device"):
+            lines.append(f"  done     {key}  ({finished[key]['wall_s'] / 60:.0f} min on {finished[key]['device']}, "
+                         f"commit {finished[key]['commit'][:10]})")
+            continue
         if key in finished:
             cpu_min = finished[key]["cpu_s"] / 60
             done_min += cpu_min
@@ -286,7 +362,8 @@ def _now() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["run", "status"])
+    p.add_argument("action", choices=["run", "status", "import"])
+    p.add_argument("file", nargs="?", type=Path, help="import: the gpu_rows.jsonl that gpu_campaign.sh wrote")
     p.add_argument("--plan", type=Path, default=PLAN)
     p.add_argument("--results", type=Path, default=RESULTS, help="the campaign's JSON lines (default: %(default)s)")
     p.add_argument("--dir", type=Path, default=DIR, help="run directories, worktrees, lock (default: %(default)s)")
@@ -298,10 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "status":
             print(status(args.plan, args.results, args.dir))
             return 0
+        if args.action == "import":
+            if args.file is None:
+                p.error("import needs the gpu_rows.jsonl file")
+            print(f"{import_rows(args.plan, args.results, args.file)} rows appended to {args.results}")
+            return 0
         return run(args.plan, args.results, args.dir, args.repo, args.only, args.max_rows)
     except KeyboardInterrupt:
         return 130
-    except PlanError as e:
+    except (PlanError, OSError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -13,13 +13,21 @@ dequantised 4-bit values compress well). On the GPU machine:
 
     python3 benchmarks/device_pack.py --unpack
     ZHIE_DATA=.devcarry/data python3 benchmarks/ner.py --encoder .devcarry/e5-small-pruned ...
+
+With ``--campaign PREFIX`` it also packs the campaign's ner.py rows left whose key starts with PREFIX
+(``.devcarry/rows.txt``: key and training options) and the code of their commit (``.devcarry/tree``, with a file
+``COMMIT``); ``benchmarks/gpu_campaign.sh`` runs them there (see benchmarks/campaign.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import lzma
+import shlex
 import shutil
+import subprocess
+import tarfile
 
 from common import DATA, ROOT
 
@@ -65,6 +73,28 @@ def pack() -> None:
     print(f"{out}: {len(tokenizer)} tokens kept, {size / 2**20:.1f} MiB")
 
 
+def pack_campaign(prefix: str) -> None:
+    """The campaign's ner.py rows left under ``prefix`` that share the first one's commit, and that commit's code."""
+    from campaign import PLAN, RESULTS, gpu_rows
+
+    rows = gpu_rows(PLAN, RESULTS, prefix)
+    if not rows:
+        raise SystemExit(f"error: no ner.py row of {PLAN.name} under {prefix!r} is left to run")
+    commit = rows[0][1]
+    same = [r for r in rows if r[1] == commit]
+    (OUT / "rows.txt").write_text("".join(f"{key} {shlex.join(options)}\n" for key, _, options in same))
+    tree = OUT / "tree"
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src", "benchmarks"], check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    (tree / "COMMIT").write_text(commit + "\n")
+    note = f"; {len(rows) - len(same)} rows of other commits left for another pack" if len(rows) > len(same) else ""
+    print(f"{OUT / 'rows.txt'}: {len(same)} rows at {commit[:10]}{note}")
+
+
 def unpack() -> None:
     with lzma.open(WEIGHTS.with_suffix(".safetensors.xz")) as src, WEIGHTS.open("wb") as dst:
         shutil.copyfileobj(src, dst)
@@ -73,4 +103,12 @@ def unpack() -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--unpack", action="store_true", help="decompress the weights (on the GPU machine)")
-    unpack() if p.parse_args().unpack else pack()
+    p.add_argument("--campaign", metavar="PREFIX", help="also the campaign's ner.py rows left under PREFIX")
+    args = p.parse_args()
+    if args.unpack:
+        unpack()
+    else:
+        if args.campaign is None or not WEIGHTS.with_suffix(".safetensors.xz").exists():
+            pack()
+        if args.campaign is not None:
+            pack_campaign(args.campaign)

@@ -249,8 +249,9 @@ def campaign_groups(section: str) -> dict[str, list[dict]]:
 
 def campaign_ner_table(section: str) -> str:
     """NER rows of the campaign: dev F1 mean ± sample std over the seeds, the mean dev F1 after each epoch, the
-    seeds' values, and the CPU hours the rows took (niced beside other work: not a performance figure)."""
-    lines = ["| configuration | epochs | seeds | dev F1 mean ± std | mean F1 after each epoch | per seed | CPU h |",
+    seeds' values, and where the rows ran: the CPU hours they took on this project's 2-core machine, or the minutes
+    each took on a lent GPU beside the rows it ran with (neither is a performance figure)."""
+    lines = ["| configuration | epochs | seeds | dev F1 mean ± std | mean F1 after each epoch | per seed | ran on |",
              "|---|---|---|---|---|---|---|"]
     for group, lines_ in campaign_groups(section).items():
         runs = [(line, line["results"][-1]) for line in lines_]
@@ -258,10 +259,25 @@ def campaign_ner_table(section: str) -> str:
         epochs = min(len(c) for c in curves)
         mean_curve = ", ".join(pct(sum(c[e] for c in curves) / len(curves)) for e in range(epochs))
         per_seed = ", ".join(f"{line['seed']}: {pct(r['dev_f1'])}" for line, r in runs)
-        cpu_h = sum(line["cpu_s"] for line in lines_) / 3600
         lines.append(f"| {group} | {runs[0][1]['epochs']} | {len(runs)} | {_mean_std([r['dev_f1'] for _, r in runs])} "
-                     f"| {mean_curve} | {per_seed} | {cpu_h:.1f} |")
+                     f"| {mean_curve} | {per_seed} | {_ran_on(lines_)} |")
     return "\n".join(lines)
+
+
+def _ran_on(lines: list[dict]) -> str:
+    """``CPU 2.9 h`` for rows of the campaign runner, ``H100 5-6 min (16 at once)`` for rows of a lent GPU, or both."""
+    parts = []
+    cpu = [line["cpu_s"] for line in lines if not line.get("device")]
+    if cpu:
+        parts.append(f"CPU {sum(cpu) / 3600:.1f} h")
+    gpu = [line for line in lines if line.get("device")]
+    if gpu:
+        minutes = sorted(round(line["wall_s"] / 60) for line in gpu)
+        span = f"{minutes[0]}" if minutes[0] == minutes[-1] else f"{minutes[0]}-{minutes[-1]}"
+        at_once = sorted({line["parallel"] for line in gpu})
+        parts.append(f"{gpu[0]['device'].replace('NVIDIA ', '').split()[0]} {span} min each "
+                     f"({'/'.join(map(str, at_once))} rows at once)")
+    return " + ".join(parts)
 
 
 def campaign_mtmt_table(section: str = "b/") -> str:

@@ -111,3 +111,44 @@ def test_bad_plan_is_refused_with_its_place(tmp_path):
     done = subprocess.run([sys.executable, str(CAMPAIGN), "status", "--plan", str(plan), "--dir", str(tmp_path)],
                           capture_output=True, text=True)
     assert done.returncode == 2 and f"{plan}: row 2: key 'x' appears twice" in done.stderr
+
+
+def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
+    """gpu_campaign.sh's lines join campaign.jsonl when their key, commit and training options are the plan's (where
+    they wrote, how often they checkpointed and where e5-small was read from aside); a row that failed or is already
+    in stays out; anything else is refused with its line, and nothing is appended."""
+    commit = "a" * 40
+    command = "{python} benchmarks/ner.py --quiet --out {run_dir} --save-every 100 --dataset cluener --head egp"
+    plan = tmp_path / "plan.toml"
+    plan.write_text(f'commit = "{commit}"\n' + "".join(
+        f'[[row]]\nkey = "c/x/s{seed}"\ncommand = "{command} --seed {seed}"\n' for seed in (1, 2, 3)))
+    results = tmp_path / "campaign.jsonl"
+    results.write_text(json.dumps({"key": "c/x/s3", "cpu_s": 60.0, "commit": commit}) + "\n")
+
+    def ran(seed, rc=0, args=None, at=commit):
+        row = [{"machine": "NVIDIA H100 80GB HBM3", "command": "python benchmarks/ner.py --encoder /e5", "dev_f1": 0.7}]
+        return {"key": f"c/x/s{seed}", "commit": at, "rc": rc, "wall_s": 300, "parallel": 16,
+                "args": args or f"--dataset cluener --head egp --seed {seed}", "results": row if rc == 0 else []}
+
+    def import_(*lines):
+        (tmp_path / "gpu_rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return subprocess.run([sys.executable, str(CAMPAIGN), "import", str(tmp_path / "gpu_rows.jsonl"), "--plan",
+                               str(plan), "--results", str(results)], capture_output=True, text=True)
+
+    before = results.read_text()
+    for bad, says in [(ran(1, args="--dataset cluener --head gp --seed 1"), "ran '--dataset cluener --head gp"),
+                      (ran(1, at="b" * 40), "at bbbbbbbbbb, the plan says"),
+                      ({**ran(1), "key": "c/y/s1"}, "no row of the plan has this key")]:
+        done = import_(ran(2), bad)
+        assert done.returncode == 2 and f"gpu_rows.jsonl: line 2 ({bad['key']}): " in done.stderr
+        assert says in done.stderr
+        assert results.read_text() == before
+    done = import_(ran(1), ran(2, rc=1), ran(3))
+    assert done.returncode == 0 and "1 rows appended" in done.stdout
+    assert "line 2 (c/x/s2): exit 1, skipped" in done.stderr and "line 3 (c/x/s3): already in" in done.stderr
+    line = json.loads(results.read_text().splitlines()[-1])
+    assert (line["key"], line["seed"], line["command"], line["device"], line["cpu_s"]) == (
+        "c/x/s1", 1, f"{command} --seed 1", "NVIDIA H100 80GB HBM3", None)
+    status = subprocess.run([sys.executable, str(CAMPAIGN), "status", "--plan", str(plan), "--results", str(results),
+                             "--dir", str(tmp_path)], capture_output=True, text=True).stdout
+    assert "done     c/x/s1  (5 min on NVIDIA H100 80GB HBM3" in status and "left     c/x/s2" in status
