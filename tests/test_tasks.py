@@ -15,7 +15,7 @@ from torch import nn
 
 import zhie
 from zhie import demo, tasks
-from zhie.cli import main
+from zhie.cli import build_parser, main
 from zhie.data import write_ner_jsonl
 from zhie.data.base import DataError, iter_lines
 from zhie.heads import Pooling
@@ -276,3 +276,28 @@ def test_a_missing_data_file_is_named_without_python_s_errno(tmp_path, capsys):
     assert main(["train", "ner", "--train", str(missing), "--dev", str(missing), "--encoder", "tiny", "--out",
                  str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err == f"zhie: error: {missing}: No such file or directory\n"
+
+
+@pytest.mark.parametrize("task, line, says", [
+    ("ner", '{"text": "北京"}', "no entity types: none of the 1 training examples has an entity; check --train"),
+    ("re", '{"text": "北京是首都", "spo_list": []}', "no predicates: none of the 1 training examples has a triple"),
+])
+def test_training_data_without_labels_says_what_to_check(task, line, says, tmp_path, capsys):
+    (tmp_path / "train.jsonl").write_text(line + "\n", encoding="utf-8")
+    assert main(["train", task, "--train", str(tmp_path / "train.jsonl"), "--dev", str(tmp_path / "train.jsonl"),
+                 "--encoder", "tiny", "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"zhie: error: {says}")
+
+
+def test_encoder_layers_out_of_range_names_the_flag_and_the_range(tmp_path, capsys):
+    write_ner_jsonl(demo.make_corpus(4, seed=1), tmp_path / "train.jsonl")
+    assert main(["train", "ner", "--train", str(tmp_path / "train.jsonl"), "--dev", str(tmp_path / "train.jsonl"),
+                 "--encoder", "tiny", "--out", str(tmp_path / "run"), "--encoder-layers", "9", "--quiet"]) == 2
+    assert capsys.readouterr().err == "zhie: error: --encoder-layers 9: the encoder has 2 layers; keep 1 to 2\n"
+
+
+@pytest.mark.parametrize("flag", ["--max-texts", "--max-text-length"])
+def test_serve_refuses_limits_that_would_refuse_every_request(flag, ner_dir, capsys):
+    with pytest.raises(SystemExit) as stop:  # the parser alone: a server that started would never return
+        build_parser().parse_args(["serve", str(ner_dir), flag, "0"])
+    assert stop.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err

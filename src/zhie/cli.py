@@ -199,8 +199,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                     help="texts waiting for the model (503 with Retry-After above)")
     sv.add_argument("--timeout", type=float, default=30.0,
                     help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
-    sv.add_argument("--max-texts", type=int, default=256, help="texts per request (413 above)")
-    sv.add_argument("--max-text-length", type=int, default=10_000, help="characters per text (413 above)")
+    sv.add_argument("--max-texts", type=positive_int, default=256, help="texts per request (413 above)")
+    sv.add_argument("--max-text-length", type=positive_int, default=10_000, help="characters per text (413 above)")
     key = sv.add_mutually_exclusive_group()
     key.add_argument("--api-key-file", default=None, metavar="FILE",
                      help="require 'Authorization: Bearer KEY' (all but /health, the page), KEY the file's first line; "

@@ -329,6 +329,9 @@ class NerTask(WindowedTask):
                   max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0,
                   gp_prior_init: bool = True) -> NerConfig:
         labels = sorted({s.label for ex in examples for s in ex.spans})
+        if not labels:
+            raise ValueError(f"no entity types: none of the {len(examples)} training examples has an entity; "
+                             "check --train (a test split has no labels) and --format")
         return NerConfig(labels, head=head, mode="subword" if mode == "word" else mode,
                          max_length=check_max_length(max_length),
                          flatten=flatten, crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init,

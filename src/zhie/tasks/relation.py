@@ -121,6 +121,9 @@ class RelationTask(WindowedTask):
                   max_length: int = 256) -> RelationConfig:
         predicates = read_schema(schema) if schema else \
             list(dict.fromkeys(t.predicate for ex in examples for t in ex.triples))
+        if not predicates:
+            raise ValueError(f"no predicates: none of the {len(examples)} training examples has a triple and no "
+                             "--schema names any; check --train and --schema")
         return RelationConfig(predicates, head=head, max_length=check_max_length(max_length))
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
