@@ -21,13 +21,13 @@ of its own. ``run`` executes the rows whose key has no line in ``benchmarks/resu
   wall seconds over every session, the load average, and the benchmark's own lines (every option it records).
   A failed row is logged in ``<dir>/failed.jsonl`` with its stderr tail and retried by the next ``run``.
 
-A lent GPU machine can run the plan's ``benchmarks/ner.py`` rows many at a time: ``device_pack.py --campaign``
-packs the rows left with their commit's code, ``benchmarks/gpu_campaign.sh`` runs them there, and ``import`` checks
-what came back against the plan (the same key, commit and training options) and appends it like the runner's
-lines, with the device named and no CPU seconds.
+A lent GPU machine can run the plan's rows of ``GPU_SCRIPTS`` many at a time: ``device_pack.py --campaign``
+packs the rows left with their commit's code, ``benchmarks/gpu_campaign.py`` runs them there, and ``import`` checks
+what came back against the plan (the same key, commit and command) and appends it like the runner's lines, with
+the device named and no CPU seconds.
 
     python benchmarks/device_pack.py --campaign c/                         # here
-    bash benchmarks/gpu_campaign.sh 16 540                                 # there, carrying .devcarry
+    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540       # there, carrying .devcarry
     python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl    # here, with what came back
 
 ``<dir>`` is ``ZHIE_CAMPAIGN_DIR`` or ``../campaign`` beside the repository. Placeholders in a command:
@@ -174,6 +174,10 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
               "cpu_s_complete": all("cpu_s" in s for s in sessions),  # False: a session's runner was killed
               "wall_s": round(sum(s.get("wall_s", 0) for s in sessions), 1), "sessions": len(sessions),
               "load_avg": [round(s["load_start"], 2) for s in sessions], "finished": _now(), "results": lines}
+    if row["key"] in read_results(results):  # imported from a GPU machine while it ran here: keep the first line
+        print(f"[campaign] {row['key']}: already in {results.name} (imported meanwhile); this run's line dropped",
+              flush=True)
+        return True
     results.parent.mkdir(parents=True, exist_ok=True)
     with results.open("a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -208,46 +212,48 @@ def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str |
     return 1 if failed else 0
 
 
-TRAINING_ONLY = {"--quiet": 0, "--out": 1, "--save-every": 1, "--encoder": 1}  # where and how often, not what
+GPU_SCRIPTS = ("benchmarks/ner.py", "benchmarks/mtmt.py", "benchmarks/multitask.py")  # each takes --encoder
 
 
-def ner_options(command: str) -> list[str] | None:
-    """A ``benchmarks/ner.py`` command's training options, without those that only say where it writes, how often it
-    checkpoints, and where e5-small is read from (the GPU machine reads a pruned copy); None for other benchmarks."""
+def device_command(command: str) -> str | None:
+    """A row's command as ``gpu_campaign.py`` runs it: without ``{python}`` (python3 there), ``--save-every`` (no
+    checkpoints there: a dozen rows writing one every few seconds would cost more than resuming saves) and
+    ``--encoder`` (it adds e5-small's pruned copy), placeholders kept; None for a script not in ``GPU_SCRIPTS``."""
     words = shlex.split(command)
-    if "benchmarks/ner.py" not in words:
+    if len(words) < 2 or words[0] != "{python}" or words[1] not in GPU_SCRIPTS:
         return None
-    words, options = words[words.index("benchmarks/ner.py") + 1:], []
-    while words:
-        word = words.pop(0)
-        if word in TRAINING_ONLY:
-            del words[:TRAINING_ONLY[word]]
+    kept, rest = [], words[1:]
+    while rest:
+        word = rest.pop(0)
+        if word in ("--save-every", "--encoder"):
+            del rest[:1]
         else:
-            options.append(word)
-    return options
+            kept.append(word)
+    return shlex.join(kept)
 
 
-def gpu_rows(plan_path: Path, results: Path, only: str | None) -> list[tuple[str, str, list[str]]]:
-    """The plan's ner.py rows left: (key, commit, training options) each (``gpu_campaign.sh``'s input)."""
+def gpu_rows(plan_path: Path, results: Path, only: str | None) -> list[tuple[str, str, str]]:
+    """The plan's rows left that a GPU machine can run: (key, commit, device command) each (gpu_campaign.py's input)."""
     _, rows = read_plan(plan_path)
     finished = read_results(results)
-    return [(r["key"], r["commit"], ner_options(r["command"])) for r in rows
-            if r["key"] not in finished and ner_options(r["command"]) is not None
+    return [(r["key"], r["commit"], device_command(r["command"])) for r in rows
+            if r["key"] not in finished and device_command(r["command"]) is not None
             and (only is None or r["key"].startswith(only))]
 
 
 def import_rows(plan_path: Path, results: Path, path: Path) -> int:
-    """Append the rows that ``gpu_campaign.sh`` ran (its ``gpu_rows.jsonl``) to the campaign's lines: each must be a
-    row of the plan that has no line yet and have run the plan's options; returns how many were appended."""
+    """Append the rows that ``gpu_campaign.py`` ran (its ``gpu_rows.jsonl``) to the campaign's lines: each must be a
+    row of the plan that has no line yet and have run the plan's command (as :func:`device_command` gives it, at the
+    row's commit); returns how many were appended."""
     plan = {r["key"]: r for r in read_plan(plan_path)[1]}
     finished = read_results(results)
     records = []
     for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
         ran = json.loads(line)
         where = f"{path}: line {i + 1} ({ran.get('key')})"
-        missing = {"key", "commit", "rc", "wall_s", "args", "results"} - set(ran)
+        missing = {"key", "commit", "rc", "wall_s", "command", "results"} - set(ran)
         if missing:
-            raise PlanError(f"{where}: no {', '.join(sorted(missing))}; is this gpu_campaign.sh's gpu_rows.jsonl?")
+            raise PlanError(f"{where}: no {', '.join(sorted(missing))}; is this gpu_campaign.py's gpu_rows.jsonl?")
         row = plan.get(ran["key"])
         if row is None:
             raise PlanError(f"{where}: no row of the plan has this key; add it to the plan first")
@@ -257,9 +263,9 @@ def import_rows(plan_path: Path, results: Path, path: Path) -> int:
         if ran["rc"] != 0 or not ran["results"]:
             print(f"{where}: exit {ran['rc']}, skipped", file=sys.stderr)
             continue
-        if shlex.split(ran["args"]) != ner_options(row["command"]) or ran["commit"] != row["commit"]:
-            raise PlanError(f"{where}: ran {ran['args']!r} at {ran['commit'][:10]}, the plan says "
-                            f"{row['command']!r} at {row['commit'][:10]}")
+        if ran["command"] != device_command(row["command"]) or ran["commit"] != row["commit"]:
+            raise PlanError(f"{where}: ran `{ran['command']}` at {ran['commit'][:10]}, the plan says "
+                            f"`{row['command']}` at {row['commit'][:10]}")
         records.append({"key": ran["key"], "commit": row["commit"], "seed": seed_of(row["command"]),
                         "command": row["command"], "device": ran["results"][-1]["machine"],
                         "device_command": ran["results"][-1]["command"], "parallel": ran.get("parallel"),
@@ -363,7 +369,7 @@ def _now() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=["run", "status", "import"])
-    p.add_argument("file", nargs="?", type=Path, help="import: the gpu_rows.jsonl that gpu_campaign.sh wrote")
+    p.add_argument("file", nargs="?", type=Path, help="import: the gpu_rows.jsonl that gpu_campaign.py wrote")
     p.add_argument("--plan", type=Path, default=PLAN)
     p.add_argument("--results", type=Path, default=RESULTS, help="the campaign's JSON lines (default: %(default)s)")
     p.add_argument("--dir", type=Path, default=DIR, help="run directories, worktrees, lock (default: %(default)s)")

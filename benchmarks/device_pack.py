@@ -2,21 +2,22 @@
 
     python benchmarks/device_pack.py
 
-The GPU machine sees only the repository, so this copies the datasets the benchmarks read and writes
-e5-small with its vocabulary pruned to CJK ideographs, ASCII, punctuation and every character of those
-datasets, plus every subword piece of the sentence-pair data's sentences with and without e5's ``"query: "``
-prefix (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly
-such a set anyway (``--keep-tokens auto``), pruning keeps the hidden states of kept tokens unchanged, and a
-Unigram tokenizer segments a text the same way as long as the pieces of its best segmentation are kept, so a
-run on the pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless, ~22 MiB:
-dequantised 4-bit values compress well). On the GPU machine:
+The GPU machine sees only the repository, so this copies the datasets the benchmarks read and writes e5-small with
+its vocabulary pruned to CJK ideographs, ASCII, punctuation and every character of those datasets, plus every
+subword piece of the sentence-pair data's sentences with and without e5's ``"query: "`` prefix and of the WikiANN
+sentences (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly such a
+set anyway (``--keep-tokens auto``), pruning keeps the hidden states of kept tokens unchanged, and a Unigram
+tokenizer segments a text the same way as long as the pieces of its best segmentation are kept, so a run on the
+pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless: dequantised 4-bit values compress
+well). On the GPU machine:
 
     python3 benchmarks/device_pack.py --unpack
     ZHIE_DATA=.devcarry/data python3 benchmarks/ner.py --encoder .devcarry/e5-small-pruned ...
 
-With ``--campaign PREFIX`` it also packs the campaign's ner.py rows left whose key starts with PREFIX
-(``.devcarry/rows.txt``: key and training options) and the code of their commit (``.devcarry/tree``, with a file
-``COMMIT``); ``benchmarks/gpu_campaign.sh`` runs them there (see benchmarks/campaign.py).
+With ``--campaign PREFIX`` it packs instead the campaign's rows left whose key starts with PREFIX and whose script
+a GPU machine runs (``campaign.GPU_SCRIPTS``; ``.devcarry/rows.txt``: key and command), the code of their commit
+(``.devcarry/tree``, with a file ``COMMIT``), and only the datasets they read, with e5-small pruned to those;
+``benchmarks/gpu_campaign.py`` runs them there (benchmarks/campaign.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import io
 import lzma
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -33,34 +33,47 @@ from common import DATA, ROOT
 
 from zhie import encoders
 from zhie.core.text import TextTokenizer
+from zhie.data import read_ner
 from zhie.tasks.base import CJK_CHARSET
 
-FILES = ["ner/cluener/train.json", "ner/cluener/dev.json", "ner/cmeee/train.json", "ner/cmeee/dev.json",
-         "ner/peoples_daily/example.dev", "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl",
-         "re/cmeie/dev.jsonl", "re/cmeie/schema.json", "sts/stsb/train.data", "sts/stsb/valid.data",
-         "sts/atec/train.data", "sts/atec/valid.data"]
+NER = ["ner/cluener/train.json", "ner/cluener/dev.json", "ner/cmeee/train.json", "ner/cmeee/dev.json",
+       "ner/peoples_daily/example.dev"]
+FILES = [*NER, "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl", "re/cmeie/dev.jsonl",
+         "re/cmeie/schema.json", "sts/stsb/train.data", "sts/stsb/valid.data", "sts/atec/train.data",
+         "sts/atec/valid.data"]
+WIKIANN = ["xner/wikiann/en/train", "xner/wikiann/en/dev", "xner/wikiann/de/train", "xner/wikiann/de/dev"]
+# What the campaign's scripts read (every pack under 64 MiB with the repository: e5-small pruned to all of FILES and
+# WIKIANN together is ~58 MiB).
+NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN}
 
 
 OUT = ROOT / ".devcarry"
 WEIGHTS = OUT / "e5-small-pruned" / "model.safetensors"
 
 
-def pack() -> None:
+def pack(files: list[str]) -> None:
+    """The datasets ``files`` and e5-small pruned to what runs on them need (char mode: CJK, ASCII, punctuation and
+    the characters of the char-mode files; sub-word mode: the pieces of the sentence pairs and of WikiANN)."""
     out = OUT
-    chars = set(CJK_CHARSET)
-    for name in FILES:
+    shutil.rmtree(out / "data", ignore_errors=True)
+    chars = set(CJK_CHARSET) if any(not name.startswith("xner/") for name in files) else set()
+    for name in files:
         (out / "data" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(DATA / name, out / "data" / name)
-        chars |= set((DATA / name).read_text(encoding="utf-8"))
+        if not name.startswith("xner/"):
+            chars |= set((DATA / name).read_text(encoding="utf-8"))
     model, tokenizer = encoders.load("e5-small")
     tt = TextTokenizer(tokenizer, "char")
     keep = {tt.char_id(c) for c in chars} - {None}
-    for name in FILES:
+    for name in files:
         if name.startswith("sts/"):
             sentences = [s for line in (DATA / name).read_text(encoding="utf-8").splitlines()
                          for s in line.split("\t")[:2]]
             for prefix in ("", "query: "):
                 keep.update(i for ids in tokenizer([prefix + s for s in sentences])["input_ids"] for i in ids)
+        if name.startswith("xner/"):  # sub-word mode (benchmarks/mtmt.py prunes to these pieces of its texts)
+            texts = [ex.text for ex in read_ner(DATA / name, "wikiann")]
+            keep.update(i for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in ids)
     model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
     target = out / "e5-small-pruned"
     shutil.rmtree(target, ignore_errors=True)
@@ -74,15 +87,17 @@ def pack() -> None:
 
 
 def pack_campaign(prefix: str) -> None:
-    """The campaign's ner.py rows left under ``prefix`` that share the first one's commit, and that commit's code."""
+    """The campaign's rows left under ``prefix`` that a GPU machine can run and that share the first one's commit,
+    that commit's code, and the datasets and e5-small they need."""
     from campaign import PLAN, RESULTS, gpu_rows
 
     rows = gpu_rows(PLAN, RESULTS, prefix)
     if not rows:
-        raise SystemExit(f"error: no ner.py row of {PLAN.name} under {prefix!r} is left to run")
+        raise SystemExit(f"error: no row of {PLAN.name} under {prefix!r} that a GPU machine runs is left")
     commit = rows[0][1]
     same = [r for r in rows if r[1] == commit]
-    (OUT / "rows.txt").write_text("".join(f"{key} {shlex.join(options)}\n" for key, _, options in same))
+    pack(sorted({name for _, _, command in same for name in NEEDS[command.split()[0]]}))
+    (OUT / "rows.txt").write_text("".join(f"{key} {command}\n" for key, _, command in same))
     tree = OUT / "tree"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
@@ -103,12 +118,11 @@ def unpack() -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--unpack", action="store_true", help="decompress the weights (on the GPU machine)")
-    p.add_argument("--campaign", metavar="PREFIX", help="also the campaign's ner.py rows left under PREFIX")
+    p.add_argument("--campaign", metavar="PREFIX", help="the campaign's rows left under PREFIX and what they need")
     args = p.parse_args()
     if args.unpack:
         unpack()
+    elif args.campaign is not None:
+        pack_campaign(args.campaign)
     else:
-        if args.campaign is None or not WEIGHTS.with_suffix(".safetensors.xz").exists():
-            pack()
-        if args.campaign is not None:
-            pack_campaign(args.campaign)
+        pack(FILES)

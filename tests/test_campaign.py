@@ -114,21 +114,27 @@ def test_bad_plan_is_refused_with_its_place(tmp_path):
 
 
 def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
-    """gpu_campaign.sh's lines join campaign.jsonl when their key, commit and training options are the plan's (where
-    they wrote, how often they checkpointed and where e5-small was read from aside); a row that failed or is already
-    in stays out; anything else is refused with its line, and nothing is appended."""
+    """gpu_campaign.py's lines join campaign.jsonl when their key, commit and command are the plan's (without the
+    checkpoints and the pruned e5-small the GPU machine runs with); a row that failed or is already in stays out;
+    anything else is refused with its line, and nothing is appended."""
     commit = "a" * 40
     command = "{python} benchmarks/ner.py --quiet --out {run_dir} --save-every 100 --dataset cluener --head egp"
     plan = tmp_path / "plan.toml"
     plan.write_text(f'commit = "{commit}"\n' + "".join(
-        f'[[row]]\nkey = "c/x/s{seed}"\ncommand = "{command} --seed {seed}"\n' for seed in (1, 2, 3)))
+        f'[[row]]\nkey = "c/x/s{seed}"\ncommand = "{command} --seed {seed}"\n' for seed in (1, 2, 3)) +
+        '[[row]]\nkey = "g/y"\ncommand = "{python} benchmarks/export.py --model m"\n')
     results = tmp_path / "campaign.jsonl"
     results.write_text(json.dumps({"key": "c/x/s3", "cpu_s": 60.0, "commit": commit}) + "\n")
+    listed = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(CAMPAIGN.parent)!r}); "
+                             f"import campaign; print(campaign.gpu_rows(campaign.Path({str(plan)!r}), "
+                             f"campaign.Path({str(results)!r}), None))"], capture_output=True, text=True).stdout
+    device = "benchmarks/ner.py --quiet --out '{run_dir}' --dataset cluener --head egp --seed %d"
+    assert listed.strip() == str([(f"c/x/s{s}", commit, device % s) for s in (1, 2)])  # not s3 (done), not export
 
-    def ran(seed, rc=0, args=None, at=commit):
+    def ran(seed, rc=0, command=None, at=commit):
         row = [{"machine": "NVIDIA H100 80GB HBM3", "command": "python benchmarks/ner.py --encoder /e5", "dev_f1": 0.7}]
         return {"key": f"c/x/s{seed}", "commit": at, "rc": rc, "wall_s": 300, "parallel": 16,
-                "args": args or f"--dataset cluener --head egp --seed {seed}", "results": row if rc == 0 else []}
+                "command": command or device % seed, "results": row if rc == 0 else []}
 
     def import_(*lines):
         (tmp_path / "gpu_rows.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -136,9 +142,10 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
                                str(plan), "--results", str(results)], capture_output=True, text=True)
 
     before = results.read_text()
-    for bad, says in [(ran(1, args="--dataset cluener --head gp --seed 1"), "ran '--dataset cluener --head gp"),
+    for bad, says in [(ran(1, command=(device % 1).replace("egp", "gp")), "ran `benchmarks/ner.py"),
                       (ran(1, at="b" * 40), "at bbbbbbbbbb, the plan says"),
-                      ({**ran(1), "key": "c/y/s1"}, "no row of the plan has this key")]:
+                      ({**ran(1), "key": "c/y/s1"}, "no row of the plan has this key"),
+                      ({"key": "c/x/s1"}, "no command, commit, rc, results, wall_s")]:
         done = import_(ran(2), bad)
         assert done.returncode == 2 and f"gpu_rows.jsonl: line 2 ({bad['key']}): " in done.stderr
         assert says in done.stderr

@@ -1,0 +1,136 @@
+"""The campaign's rows (benchmarks/campaign.py) on a lent GPU machine, many at a time on the one GPU (CUDA MPS).
+
+    python benchmarks/device_pack.py --campaign c/                          # here: .devcarry/ (rows, code, data)
+    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540          # there (carry .devcarry); again if need be
+    python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl     # here, with the last call's file
+
+Runs the rows of ``.devcarry/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
+``.devcarry/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder``, ``--parallel`` at a
+time, for at most ``--seconds``; rows that write into one shared directory (``--out {runs}/...``) start
+``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
+teachers). Then every finished row goes to
+``$OUT/gpu_rows.jsonl`` (its results and per-evaluation metrics) and the logs to ``$OUT/logs.tar.gz``. Rows run
+without checkpoints: a row cut by the time limit starts again at the next call (MTMT keeps its finished stages);
+rows finished in an earlier call on the same machine are not run again. Every device call replaces the carried
+``.devcarry``, so what the rows write stays outside the repository (``--runs``, default /root/campaign-runs).
+Standard library only: it runs under the machine's own python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import shlex
+import shutil
+import subprocess
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+CARRY = Path(__file__).resolve().parents[1] / ".devcarry"
+
+
+def rows(path: Path) -> list[tuple[str, str]]:
+    """(key, command) per line of rows.txt."""
+    return [tuple(line.split(" ", 1)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, list[tuple[str, str]]]]:
+    """The rows as chains that run side by side, each with the seconds it waits before it starts. Rows that write
+    into one directory outside ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's
+    pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's ablations reuse its seed's
+    teachers), and each further chain on that directory starts ``stagger`` seconds after the one before."""
+    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for key, command in rows_:
+        words = shlex.split(command)
+        out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
+        seed = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--seed", "--seeds")), "")
+        shared = out != "{run_dir}" and words[0] == "benchmarks/mtmt.py"
+        groups.setdefault((out, seed) if shared else (key, ""), []).append((key, command))
+    started: dict[str, int] = {}
+    timed = []
+    for chain in groups.values():
+        words = shlex.split(chain[0][1])
+        out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
+        n = started.get(out, 0) if out != "{run_dir}" else 0
+        started[out] = n + 1
+        timed.append((n * stagger, chain))
+    return timed
+
+
+def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, parallel: int, deadline: float) -> None:
+    out = runs / key.replace("/", "__")
+    done = out / "done.json"
+    if done.exists() and json.loads(done.read_text())["rc"] == 0 or time.time() >= deadline:
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "results").mkdir(parents=True)
+    words = [w.replace("{run_dir}", str(out)).replace("{runs}", str(runs)).replace("{data}", os.environ["ZHIE_DATA"])
+             for w in shlex.split(command)]
+    start = time.time()
+    with (out / "log").open("w") as log:
+        try:
+            rc = subprocess.run(["python3", *words, "--encoder", str(encoder)], cwd=CARRY / "tree", stdout=log,
+                                stderr=subprocess.STDOUT, env={**os.environ, "ZHIE_RESULTS": str(out / "results")},
+                                timeout=max(1.0, deadline - time.time())).returncode
+        except subprocess.TimeoutExpired:
+            return  # cut by the time limit: no done.json, so the next call runs it again
+    done.write_text(json.dumps({"key": key, "commit": commit, "rc": rc, "wall_s": round(time.time() - start),
+                                "parallel": parallel, "command": command}))
+
+
+def collect(runs: Path, out: Path) -> None:
+    with (out / "gpu_rows.jsonl").open("w") as f:
+        for done in sorted(runs.glob("*/done.json")):
+            line = json.loads(done.read_text())
+            line["results"] = [json.loads(text) for p in sorted((done.parent / "results").glob("*.jsonl"))
+                               for text in p.read_text().splitlines() if text.strip()]
+            line["metrics"] = [json.loads(text) for p in sorted(done.parent.rglob("metrics.jsonl"))
+                               for text in p.read_text().splitlines() if text.strip()]
+            f.write(json.dumps(line) + "\n")
+            print(line["key"], "exit", line["rc"], f"{line['wall_s']} s",
+                  " ".join(f"{m['dev']['f1']:.4f}" for m in line["metrics"] if "f1" in m.get("dev", {})), flush=True)
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for path in sorted(runs.rglob("*")):
+            if path.is_file() and path.suffix not in (".safetensors", ".pt", ".onnx", ".bin"):
+                tar.add(path, arcname=str(path.relative_to(runs)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parallel", type=int, default=16, help="rows (chains) at once")
+    p.add_argument("--seconds", type=float, default=540, help="stop the rows still running after this long")
+    p.add_argument("--stagger", type=float, default=90, help="seconds between rows sharing an --out directory")
+    p.add_argument("--runs", type=Path, default=Path("/root/campaign-runs"))
+    args = p.parse_args()
+    deadline = time.time() + args.seconds
+    encoder = args.runs / "e5-small-pruned"
+    if not (encoder / "model.safetensors").exists():
+        encoder.mkdir(parents=True, exist_ok=True)
+        for f in (CARRY / "e5-small-pruned").glob("*.json"):
+            shutil.copy(f, encoder)
+        with lzma.open(CARRY / "e5-small-pruned" / "model.safetensors.xz") as src, \
+                (encoder / "model.safetensors").open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+    os.environ.update(PYTHONPATH="src:benchmarks", ZHIE_DATA=str(CARRY / "data"), OMP_NUM_THREADS="1",
+                      PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", ZHIE_MACHINE_LOCK_HELD="1")
+    if shutil.which("nvidia-cuda-mps-control"):  # one GPU shared by many processes
+        subprocess.run(["nvidia-cuda-mps-control", "-d"], stderr=subprocess.DEVNULL, check=False)
+    commit = (CARRY / "tree" / "COMMIT").read_text().strip()
+
+    def run_chain(timed):
+        delay, chain = timed
+        time.sleep(min(delay, max(0.0, deadline - time.time())))
+        for key, command in chain:
+            run_row(key, command, args.runs, encoder, commit, args.parallel, deadline)
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(run_chain, chains(rows(CARRY / "rows.txt"), args.stagger)))
+    collect(args.runs, Path(os.environ.get("OUT", ".")))
+
+
+if __name__ == "__main__":
+    main()
