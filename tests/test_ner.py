@@ -211,3 +211,13 @@ def test_a_seed_makes_training_repeatable(tmp_path):
         heads.append(load_file(str(tmp_path / run / "best" / "head.safetensors")))
     assert heads[0].keys() == heads[1].keys()
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+def test_eval_on_a_file_without_gold_labels_says_why_every_score_is_0(demo_model, tmp_path, capsys):
+    """A CMeIE-like file (records with text only) read as an unlabelled NER split: scored, with a warning."""
+    (tmp_path / "other.jsonl").write_text('{"text": "罗志祥在临江市的恒信银行工作。"}\n{"text": "天气很好。"}\n',
+                                          encoding="utf-8")
+    assert main(["eval", str(demo_model / "run"), "--data", str(tmp_path / "other.jsonl")]) == 0
+    assert capsys.readouterr().err == (f"zhie: warning: {tmp_path / 'other.jsonl'}: none of its 2 examples has a gold "
+                                       "label, so every score is 0 (a test split without labels, or another task's "
+                                       "file?)\n")

@@ -299,6 +299,9 @@ def cmd_eval(args) -> None:
     else:
         metrics = pipe.evaluate(examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
     print(pipe.task.report(metrics))
+    if metrics.get("n_gold") == 0:  # scored, but against nothing: say why every score is 0
+        print(f"zhie: warning: {args.data}: none of its {len(examples)} examples has a gold label, so every score is 0 "
+              "(a test split without labels, or another task's file?)", file=sys.stderr)
     if args.errors:
         print(error_report.summary(errors, args.errors))
     if args.json:
