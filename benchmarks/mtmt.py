@@ -32,6 +32,7 @@ from common import DATA, RESULTS, append_result, machine, machine_lock, once
 
 import zhie
 from zhie import encoders
+from zhie.core.files import replace_dir
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.training import TrainConfig
 from zhie.training.distill import distill
@@ -53,7 +54,8 @@ def subsample(path: Path, n: int | None, out: Path) -> Path:
 
 
 def prepare_encoder_dir(name: str, layers: int | None, files: list[Path], out: Path) -> Path:
-    """``name`` cut to ``layers`` layers, its vocabulary pruned to the tokens of ``files``, saved in ``out``."""
+    """``name`` cut to ``layers`` layers, its vocabulary pruned to the tokens of ``files``, saved in ``out`` whole
+    (a directory filled aside, then moved: a run started beside the one writing it never loads half of it)."""
     if (out / "config.json").exists():
         return out
     model, tokenizer = encoders.load(name)
@@ -62,8 +64,8 @@ def prepare_encoder_dir(name: str, layers: int | None, files: list[Path], out: P
     texts = [ex.text for f in files for ex in read_ner(f, "jsonl")]
     keep = {i for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in ids}
     model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_dir(out, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
     return out
 
 

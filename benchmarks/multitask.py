@@ -33,6 +33,7 @@ from pathlib import Path
 from common import DATA, append_result, machine, machine_lock, once, peak_memory_mb
 
 import zhie
+from zhie.core.files import atomic_write_text
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.data.cws import read_segmented, write_segmented
 from zhie.training import TrainConfig
@@ -58,7 +59,8 @@ def _sample(items: list, n: int) -> list:
 
 
 def write_data(member: dict, out: Path, train_size: int, dev_size: int) -> tuple[Path, Path]:
-    """The member's subsampled train and dev files under ``out`` (dev: the dataset's own dev/test split)."""
+    """The member's subsampled train and dev files under ``out`` (dev: the dataset's own dev/test split); written
+    atomically, since every run of a suite writes them again while another run may be reading them."""
     name = member["name"]
     train, dev = out / f"{name}.train", out / f"{name}.dev"
     if name in ("ner", "cmeee"):
@@ -71,11 +73,11 @@ def write_data(member: dict, out: Path, train_size: int, dev_size: int) -> tuple
     elif name == "sts":
         for split, file, n in ((train, "train.data", train_size), (dev, "valid.data", dev_size)):
             lines = (DATA / "sts/atec" / file).read_text(encoding="utf-8").splitlines()
-            split.write_text("\n".join(_sample(lines, n)) + "\n", encoding="utf-8")
+            atomic_write_text(split, "\n".join(_sample(lines, n)) + "\n")
     elif name == "cmeie":
         for split, file, n in ((train, "train.jsonl", train_size), (dev, "dev.jsonl", dev_size)):
             lines = (DATA / "re/cmeie" / file).read_text(encoding="utf-8").splitlines()
-            split.write_text("\n".join(_sample(lines, n)) + "\n", encoding="utf-8")
+            atomic_write_text(split, "\n".join(_sample(lines, n)) + "\n")
         member["options"] = {**member["options"], "schema": str(DATA / "re/cmeie/schema.json")}
     return train, dev
 
