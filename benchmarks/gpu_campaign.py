@@ -94,9 +94,11 @@ def collect(runs: Path, out: Path) -> None:
             print(line["key"], "exit", line["rc"], f"{line['wall_s']} s",
                   " ".join(f"{m['dev']['f1']:.4f}" for m in line["metrics"] if "f1" in m.get("dev", {})), flush=True)
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        for path in sorted(runs.rglob("*")):
-            if path.is_file() and path.suffix not in (".safetensors", ".pt", ".onnx", ".bin"):
-                tar.add(path, arcname=str(path.relative_to(runs)))
+        for path in sorted(runs.rglob("*")):  # logs, metrics, results: no weights, no model directories
+            parts = path.relative_to(runs).parts
+            if path.is_file() and path.suffix in (".json", ".jsonl", ".log", ".txt", ".toml", ".png", "") \
+                    and not {"best", "last", "e5-small-pruned", "encoder"} & set(parts):
+                tar.add(path, arcname="/".join(parts))
 
 
 def main() -> None:
