@@ -236,9 +236,9 @@ def gpu_rows(plan_path: Path, results: Path, only: str | None) -> list[tuple[str
     """The plan's rows left that a GPU machine can run: (key, commit, device command) each (gpu_campaign.py's input)."""
     _, rows = read_plan(plan_path)
     finished = read_results(results)
-    return [(r["key"], r["commit"], device_command(r["command"])) for r in rows
-            if r["key"] not in finished and device_command(r["command"]) is not None
-            and (only is None or r["key"].startswith(only))]
+    return [(r["key"], r["commit"], command) for r in rows
+            if r["key"] not in finished and (only is None or r["key"].startswith(only))
+            and (command := device_command(r["command"])) is not None]
 
 
 def import_rows(plan_path: Path, results: Path, path: Path) -> int:

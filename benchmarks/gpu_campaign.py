@@ -43,20 +43,19 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
     into one directory outside ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's
     pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's ablations reuse its seed's
     teachers), and each further chain on that directory starts ``stagger`` seconds after the one before."""
-    groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, seed)
     for key, command in rows_:
         words = shlex.split(command)
         out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
+        shared = "" if out == "{run_dir}" else out
         seed = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--seed", "--seeds")), "")
-        shared = out != "{run_dir}" and words[0] == "benchmarks/mtmt.py"
-        groups.setdefault((out, seed) if shared else (key, ""), []).append((key, command))
+        chained = shared and words[0] == "benchmarks/mtmt.py"
+        groups.setdefault((shared, shared if chained else key, seed if chained else ""), []).append((key, command))
     started: dict[str, int] = {}
     timed = []
-    for chain in groups.values():
-        words = shlex.split(chain[0][1])
-        out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
-        n = started.get(out, 0) if out != "{run_dir}" else 0
-        started[out] = n + 1
+    for (shared, _, _), chain in groups.items():
+        n = started.get(shared, 0) if shared else 0
+        started[shared] = n + 1
         timed.append((n * stagger, chain))
     return timed
 

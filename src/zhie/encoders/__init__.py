@@ -260,18 +260,15 @@ def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
 
     An ALBERT with one layer group (every released one) applies its shared block fewer times."""
     stack = getattr(getattr(model, "encoder", None), "layer", None)
-    if type(model).__name__ == "AlbertModel" and model.config.num_hidden_groups == 1:
-        if not 1 <= layers <= model.config.num_hidden_layers:
-            raise ValueError(f"--encoder-layers {layers}: the encoder has {model.config.num_hidden_layers} layers; "
-                             f"keep 1 to {model.config.num_hidden_layers}")
-        model.config.num_hidden_layers = layers
-        return model
-    if not isinstance(stack, nn.ModuleList):
+    shared = type(model).__name__ == "AlbertModel" and model.config.num_hidden_groups == 1
+    if not shared and not isinstance(stack, nn.ModuleList):
         raise ValueError(f"cannot truncate the layers of a {type(model).__name__}: it has no encoder.layer list "
                          "(an ALBERT with several layer groups cannot be cut either); train without --encoder-layers")
-    if not 1 <= layers <= len(stack):
-        raise ValueError(f"--encoder-layers {layers}: the encoder has {len(stack)} layers; keep 1 to {len(stack)}")
-    model.encoder.layer = stack[:layers]
+    total = model.config.num_hidden_layers if shared else len(stack)
+    if not 1 <= layers <= total:
+        raise ValueError(f"--encoder-layers {layers}: the encoder has {total} layers; keep 1 to {total}")
+    if not shared:
+        model.encoder.layer = stack[:layers]
     model.config.num_hidden_layers = layers
     return model
 
