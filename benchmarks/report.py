@@ -281,16 +281,25 @@ def _ran_on(lines: list[dict]) -> str:
 
 
 def campaign_mtmt_table(section: str = "b/") -> str:
-    """MTMT rows of the campaign: WikiANN de dev F1 mean ± std per system over the seeds."""
-    by_system: dict[str, list[dict]] = {}
+    """MTMT rows of the campaign: WikiANN de dev F1 mean ± std per system over the seeds, and the paired difference
+    to direct transfer and to TSL (each seed's F1 minus the same seed's, over the seeds that have both)."""
+    by_system: dict[str, dict[int, dict]] = {}
     for line in rows("campaign.jsonl"):
         if line["key"].startswith(section):
             for r in line["results"]:
-                by_system.setdefault(r["system"], []).append(r)
-    lines = ["| system | seeds | de dev F1 mean ± std | P / R (mean) | per seed |", "|---|---|---|---|---|"]
-    for system, rs in by_system.items():
+                by_system.setdefault(r["system"], {})[r["seed"]] = r
+
+    def paired(system: str, base: str) -> str:
+        seeds = sorted(set(by_system[system]) & set(by_system.get(base, {}))) if system != base else []
+        return _mean_std([by_system[system][s]["f1"] - by_system[base][s]["f1"] for s in seeds])
+
+    lines = ["| system | seeds | de dev F1 mean ± std | − direct (paired) | − TSL (paired) | P / R (mean) | per seed |",
+             "|---|---|---|---|---|---|---|"]
+    for system, by_seed in by_system.items():
+        rs = list(by_seed.values())
         p, r_ = (sum(r[k] for r in rs) / len(rs) for k in ("precision", "recall"))
-        lines.append(f"| {system} | {len(rs)} | {_mean_std([r['f1'] for r in rs])} | {pct(p)} / {pct(r_)} | "
+        lines.append(f"| {system} | {len(rs)} | {_mean_std([r['f1'] for r in rs])} | {paired(system, 'direct')} | "
+                     f"{paired(system, 'tsl')} | {pct(p)} / {pct(r_)} | "
                      + ", ".join(f"{r['seed']}: {pct(r['f1'])}" for r in rs) + " |")
     return "\n".join(lines)
 
