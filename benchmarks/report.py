@@ -188,18 +188,22 @@ def depth_table() -> str:
 
 def multitask_table(records: list[dict]) -> str:
     """One row per multi-task or single-task run of ``benchmarks/multitask.py`` (its JSON lines): every member's dev
-    metric (and, for a multi-task run, its difference to the same member trained alone in the same suite), the
-    weights at the last step, s/step."""
-    alone = {(r["suite"], name): v for r in records if r["run"].startswith("single:") for name, v in r["dev"].items()}
+    metric (and, for a multi-task run, its difference to the same member trained alone in the same suite and
+    setting), the weights at the last step, s/step."""
+    def setting(r: dict) -> tuple:  # what a single-task run must share with a multi-task run to be its baseline
+        return tuple(r.get(k) for k in ("suite", "encoder", "encoder_layers", "steps", "batch_size", "train_size",
+                                        "dev_size", "max_length", "lr", "head_lr", "seed"))
 
-    def member(suite: str, run: str, name: str, v: float) -> str:
-        single = None if run.startswith("single:") else alone.get((suite, name))
+    alone = {(setting(r), name): v for r in records if r["run"].startswith("single:") for name, v in r["dev"].items()}
+
+    def member(r: dict, name: str, v: float) -> str:
+        single = None if r["run"].startswith("single:") else alone.get((setting(r), name))
         return f"{name} {pct(v)}" + ("" if single is None else f" ({100 * (v - single):+.2f})")
 
     lines = ["| suite | run | dev metrics (×100; multi-task: ± against the member alone) | weights at the last step | "
              "s / step (wall) | CPU s |", "|---|---|---|---|---|---|"]
     for r in records:
-        dev = ", ".join(member(r["suite"], r["run"], name, v) for name, v in r["dev"].items())
+        dev = ", ".join(member(r, name, v) for name, v in r["dev"].items())
         weights = ", ".join(f"{name} {v:.3g}" for name, v in (r.get("final_weights") or {}).items()) or "–"
         lines.append(f"| {r['suite']} | {r['run']} | {dev} | {weights} | {r['train_s_per_step']:.2f} | "
                      f"{r['run_cpu_s']:.0f} |")
