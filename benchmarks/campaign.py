@@ -232,7 +232,7 @@ def device_command(command: str) -> str | None:
     return shlex.join(kept)
 
 
-def gpu_rows(plan_path: Path, results: Path, only: str | None) -> list[tuple[str, str, str]]:
+def gpu_rows(plan_path: Path, results: Path, only: str | tuple[str, ...] | None) -> list[tuple[str, str, str]]:
     """The plan's rows left that a GPU machine can run: (key, commit, device command) each (gpu_campaign.py's input)."""
     _, rows = read_plan(plan_path)
     finished = read_results(results)

@@ -14,7 +14,7 @@ well). On the GPU machine:
     python3 benchmarks/device_pack.py --unpack
     ZHIE_DATA=.devcarry/data python3 benchmarks/ner.py --encoder .devcarry/e5-small-pruned ...
 
-With ``--campaign PREFIX`` it packs instead the campaign's rows left whose key starts with PREFIX and whose script
+With ``--campaign PREFIX...`` it packs instead the campaign's rows left whose key starts with a PREFIX and whose script
 a GPU machine runs (``campaign.GPU_SCRIPTS``; ``.devcarry/rows.txt``: key and command), the code of their commit
 (``.devcarry/tree``, with a file ``COMMIT``), and only the datasets they read, with e5-small pruned to those;
 ``benchmarks/gpu_campaign.py`` runs them there (benchmarks/campaign.py).
@@ -86,14 +86,14 @@ def pack(files: list[str]) -> None:
     print(f"{out}: {len(tokenizer)} tokens kept, {size / 2**20:.1f} MiB")
 
 
-def pack_campaign(prefix: str) -> None:
-    """The campaign's rows left under ``prefix`` that a GPU machine can run and that share the first one's commit,
+def pack_campaign(prefixes: tuple[str, ...]) -> None:
+    """The campaign's rows left under ``prefixes`` that a GPU machine can run and that share the first one's commit,
     that commit's code, and the datasets and e5-small they need."""
     from campaign import PLAN, RESULTS, gpu_rows
 
-    rows = gpu_rows(PLAN, RESULTS, prefix)
+    rows = gpu_rows(PLAN, RESULTS, prefixes)
     if not rows:
-        raise SystemExit(f"error: no row of {PLAN.name} under {prefix!r} that a GPU machine runs is left")
+        raise SystemExit(f"error: no row of {PLAN.name} under {' or '.join(prefixes)} that a GPU machine runs is left")
     commit = rows[0][1]
     same = [r for r in rows if r[1] == commit]
     pack(sorted({name for _, _, command in same for name in NEEDS[command.split()[0]]}))
@@ -118,11 +118,11 @@ def unpack() -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--unpack", action="store_true", help="decompress the weights (on the GPU machine)")
-    p.add_argument("--campaign", metavar="PREFIX", help="the campaign's rows left under PREFIX and what they need")
+    p.add_argument("--campaign", metavar="PREFIX", nargs="+", help="the rows left under these and what they need")
     args = p.parse_args()
     if args.unpack:
         unpack()
     elif args.campaign is not None:
-        pack_campaign(args.campaign)
+        pack_campaign(tuple(args.campaign))
     else:
         pack(FILES)

@@ -1,7 +1,8 @@
 """The campaign's rows (benchmarks/campaign.py) on a lent GPU machine, many at a time on the one GPU (CUDA MPS).
 
-    python benchmarks/device_pack.py --campaign c/                          # here: .devcarry/ (rows, code, data)
-    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540          # there (carry .devcarry); again if need be
+    python benchmarks/device_pack.py --campaign e/ b/                       # here: .devcarry/ (rows, code, data)
+    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540 --stagger 20 --save-every 300
+                                         # there (carry .devcarry); again, on the still-warm machine, while rows are left
     python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl     # here, with the last call's file
 
 Runs the rows of ``.devcarry/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
@@ -10,8 +11,10 @@ time, for at most ``--seconds``; rows that write into one shared directory (``--
 ``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
 teachers). Then every finished row goes to
 ``$OUT/gpu_rows.jsonl`` (its results and per-evaluation metrics) and the logs to ``$OUT/logs.tar.gz``. Rows run
-without checkpoints: a row cut by the time limit starts again at the next call (MTMT keeps its finished stages);
-rows finished in an earlier call on the same machine are not run again. Every device call replaces the carried
+without checkpoints: a row cut by the time limit starts again at the next call (MTMT keeps its finished stages),
+unless ``--save-every N`` is given: then every row checkpoints every N steps (and at each epoch end) and a cut row
+resumes from its checkpoint at the next call on the same machine, for rows longer than one call; rows finished in an
+earlier call on the same machine are not run again. Every device call replaces the carried
 ``.devcarry``, so what the rows write stays outside the repository (``--runs``, default /root/campaign-runs).
 Standard library only: it runs under the machine's own python3.
 """
@@ -60,17 +63,21 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
     return timed
 
 
-def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, parallel: int, deadline: float) -> None:
+def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, parallel: int, deadline: float,
+            save_every: int | None = None) -> None:
     out = runs / key.replace("/", "__")
     done = out / "done.json"
     if done.exists() and json.loads(done.read_text())["rc"] == 0 or time.time() >= deadline:
         return
-    shutil.rmtree(out, ignore_errors=True)
+    if save_every is None or done.exists():  # a failed row starts afresh; a cut one resumes when it checkpoints
+        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out / "results", ignore_errors=True)  # a resumed benchmark writes its finished runs' lines again
     (out / "results").mkdir(parents=True)
+    resume = [] if save_every is None else ["--save-every", str(save_every)]
     words = [w.replace("{run_dir}", str(out)).replace("{runs}", str(runs)).replace("{data}", os.environ["ZHIE_DATA"])
-             for w in shlex.split(command)]
+             for w in shlex.split(command)] + resume
     start = time.time()
-    with (out / "log").open("w") as log:
+    with (out / "log").open("a") as log:  # a resumed row adds to its log
         try:
             rc = subprocess.run(["python3", *words, "--encoder", str(encoder)], cwd=CARRY / "tree", stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, "ZHIE_RESULTS": str(out / "results")},
@@ -106,6 +113,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=540, help="stop the rows still running after this long")
     p.add_argument("--stagger", type=float, default=90, help="seconds between rows sharing an --out directory")
     p.add_argument("--runs", type=Path, default=Path("/root/campaign-runs"))
+    p.add_argument("--save-every", type=int, default=None,
+                   help="checkpoint every N steps; a row cut by --seconds resumes at the next call")
     args = p.parse_args()
     deadline = time.time() + args.seconds
     encoder = args.runs / "e5-small-pruned"
@@ -126,7 +135,7 @@ def main() -> None:
         delay, chain = timed
         time.sleep(min(delay, max(0.0, deadline - time.time())))
         for key, command in chain:
-            run_row(key, command, args.runs, encoder, commit, args.parallel, deadline)
+            run_row(key, command, args.runs, encoder, commit, args.parallel, deadline, args.save_every)
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(run_chain, chains(rows(CARRY / "rows.txt"), args.stagger)))

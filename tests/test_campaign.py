@@ -159,3 +159,47 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     status = subprocess.run([sys.executable, str(CAMPAIGN), "status", "--plan", str(plan), "--results", str(results),
                              "--dir", str(tmp_path)], capture_output=True, text=True).stdout
     assert "done     c/x/s1  (5 min on NVIDIA H100 80GB HBM3" in status and "left     c/x/s2" in status
+
+
+STAGED = '''
+import os, sys, time
+from pathlib import Path
+
+words = sys.argv
+out = Path(words[words.index("--out") + 1])
+with Path(os.environ["ZHIE_RESULTS"], "rows.jsonl").open("a") as results:
+    (out / "stage1").touch()  # a finished stage: its line is written again by every run, as mtmt.py's are
+    results.write('{"stage": 1}\\n')
+    results.flush()
+    if not (out / "stage2").exists():  # no checkpoint of stage 2 to resume from
+        if "--save-every" in words:
+            (out / "stage2").touch()
+        time.sleep(30)
+    results.write('{"stage": 2}\\n')
+'''
+
+
+def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, monkeypatch):
+    """gpu_campaign.py starts a cut row afresh at the next call, unless rows checkpoint (``--save-every``): then it
+    resumes in its directory, and the row's results are those of the call that finished it, each line once."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_campaign
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    (tmp_path / "carry" / "tree").mkdir(parents=True)
+    (tmp_path / "carry" / "tree" / "staged.py").write_text(STAGED)
+    monkeypatch.setattr(gpu_campaign, "CARRY", tmp_path / "carry")
+    monkeypatch.setenv("ZHIE_DATA", str(tmp_path))
+    runs = tmp_path / "runs"
+
+    def call(save_every):
+        gpu_campaign.run_row("b/x/s1", "staged.py --out '{run_dir}'", runs, tmp_path / "enc", "c" * 40, 1,
+                             time.time() + 3, save_every)
+        done = runs / "b__x__s1" / "done.json"
+        return done.exists(), (runs / "b__x__s1" / "results" / "rows.jsonl").read_text().splitlines()
+
+    assert call(None) == (False, ['{"stage": 1}'])  # cut in stage 2
+    assert call(None) == (False, ['{"stage": 1}'])  # started afresh: cut again
+    assert call(5) == (False, ['{"stage": 1}'])  # the first call with checkpoints: cut once more
+    assert call(5) == (True, ['{"stage": 1}', '{"stage": 2}'])  # resumed: finished, each line once
