@@ -2,7 +2,7 @@
 
     python benchmarks/device_pack.py --campaign e/ b/                       # here: .devcarry/ (rows, code, data)
     python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540 --stagger 20 --save-every 300
-                                         # there (carry .devcarry); again, on the still-warm machine, while rows are left
+                                            # there (carry .devcarry); again, while warm, while rows are left
     python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl     # here, with the last call's file
 
 Runs the rows of ``.devcarry/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
@@ -76,14 +76,16 @@ def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, para
     resume = [] if save_every is None else ["--save-every", str(save_every)]
     words = [w.replace("{run_dir}", str(out)).replace("{runs}", str(runs)).replace("{data}", os.environ["ZHIE_DATA"])
              for w in shlex.split(command)] + resume
-    start = time.time()
+    cut = out / "cut_s"  # the seconds this row ran in earlier calls, cut by their time limit
+    start = time.time() - (float(cut.read_text()) if cut.exists() else 0.0)
     with (out / "log").open("a") as log:  # a resumed row adds to its log
         try:
             rc = subprocess.run(["python3", *words, "--encoder", str(encoder)], cwd=CARRY / "tree", stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, "ZHIE_RESULTS": str(out / "results")},
                                 timeout=max(1.0, deadline - time.time())).returncode
-        except subprocess.TimeoutExpired:
-            return  # cut by the time limit: no done.json, so the next call runs it again
+        except subprocess.TimeoutExpired:  # no done.json: the next call runs it again
+            cut.write_text(f"{time.time() - start:.0f}")
+            return
     done.write_text(json.dumps({"key": key, "commit": commit, "rc": rc, "wall_s": round(time.time() - start),
                                 "parallel": parallel, "command": command}))
 

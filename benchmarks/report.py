@@ -293,15 +293,19 @@ def _ran_on(lines: list[dict]) -> str:
 
 def campaign_mtmt_table(section: str = "b/") -> str:
     """MTMT rows of the campaign: WikiANN de dev F1 mean ± std per system over the seeds, and the paired difference
-    to direct transfer and to TSL (each seed's F1 minus the same seed's, over the seeds that have both)."""
+    to direct transfer and to TSL (each seed's F1 minus the same seed's, over the seeds where both came from one
+    campaign row: only there did they distil the same teachers; another row of that seed trained its own)."""
     by_system: dict[str, dict[int, dict]] = {}
+    row_of: dict[tuple[str, int], str] = {}
     for line in rows("campaign.jsonl"):
         if line["key"].startswith(section):
             for r in line["results"]:
                 by_system.setdefault(r["system"], {})[r["seed"]] = r
+                row_of[r["system"], r["seed"]] = line["key"]
 
     def paired(system: str, base: str) -> str:
-        seeds = sorted(set(by_system[system]) & set(by_system.get(base, {}))) if system != base else []
+        seeds = [s for s in sorted(by_system[system]) if system != base and (base, s) in row_of
+                 and row_of[base, s] == row_of[system, s]]
         return _mean_std([by_system[system][s]["f1"] - by_system[base][s]["f1"] for s in seeds])
 
     lines = ["| system | seeds | de dev F1 mean ± std | − direct (paired) | − TSL (paired) | P / R (mean) | per seed |",

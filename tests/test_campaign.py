@@ -203,3 +203,26 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
     assert call(None) == (False, ['{"stage": 1}'])  # started afresh: cut again
     assert call(5) == (False, ['{"stage": 1}'])  # the first call with checkpoints: cut once more
     assert call(5) == (True, ['{"stage": 1}', '{"stage": 2}'])  # resumed: finished, each line once
+    assert json.loads((runs / "b__x__s1" / "done.json").read_text())["wall_s"] >= 3  # its seconds in both calls
+
+
+def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path, monkeypatch):
+    """report.py's MTMT table: a system is paired with direct transfer and TSL of its seed only when they came from
+    one campaign row (the row trains the seed's teachers: another row of that seed distils other teachers)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def result(system, seed, f1):
+        return {"system": system, "seed": seed, "f1": f1, "precision": f1, "recall": f1}
+
+    lines = [{"key": f"b/mtmt/s{s}", "results": [result("direct", s, 0.70 + s / 100), result("tsl", s, 0.71 + s / 100),
+                                                  result("mtmt", s, 0.73 + s / 100)]} for s in (1, 2)]
+    lines.append({"key": "b/mtmt-ablations/s1", "results": [result("mtmt-no-alpha", 1, 0.80)]})
+    (tmp_path / "campaign.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    table = {row.split(" | ")[0].strip("| "): row.split(" | ") for row in report.campaign_mtmt_table().splitlines()[2:]}
+    assert table["mtmt"][2:5] == ["74.50 ± 0.71", "3.00 ± 0.00", "2.00 ± 0.00"]
+    assert table["mtmt-no-alpha"][2:5] == ["80.00", "–", "–"]
