@@ -9,7 +9,8 @@ Runs the rows of ``.devcarry/rows.txt`` (key, then the command as ``campaign.dev
 ``.devcarry/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder``, ``--parallel`` at a
 time, for at most ``--seconds``; rows that write into one shared directory (``--out {runs}/...``) start
 ``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
-teachers). Then every finished row goes to
+teachers if they were trained on this machine; otherwise they train their own, so keep an ablation row and the
+systems it is compared with in one row or on one machine). Then every finished row goes to
 ``$OUT/gpu_rows.jsonl`` (its results and per-evaluation metrics) and the logs to ``$OUT/logs.tar.gz``. Rows run
 without checkpoints: a row cut by the time limit starts again at the next call (MTMT keeps its finished stages),
 unless ``--save-every N`` is given: then every row checkpoints every N steps (and at each epoch end) and a cut row
