@@ -3,6 +3,7 @@ the end of a session) and resumed by the next ``run``, gives the same rows as th
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import subprocess
@@ -161,6 +162,15 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     assert "done     c/x/s1  (5 min on NVIDIA H100 80GB HBM3" in status and "left     c/x/s2" in status
 
 
+def _benchmark(name: str):
+    """The module ``benchmarks/<name>.py``, imported in-process (the scripts import their siblings by name)."""
+    sys.path.insert(0, str(CAMPAIGN.parent))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(CAMPAIGN.parent))
+
+
 STAGED = '''
 import os, sys, time
 from pathlib import Path
@@ -182,11 +192,7 @@ with Path(os.environ["ZHIE_RESULTS"], "rows.jsonl").open("a") as results:
 def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, monkeypatch):
     """gpu_campaign.py starts a cut row afresh at the next call, unless rows checkpoint (``--save-every``): then it
     resumes in its directory, and the row's results are those of the call that finished it, each line once."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_campaign
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_campaign = _benchmark("gpu_campaign")
     (tmp_path / "carry" / "tree").mkdir(parents=True)
     (tmp_path / "carry" / "tree" / "staged.py").write_text(STAGED)
     monkeypatch.setattr(gpu_campaign, "CARRY", tmp_path / "carry")
@@ -209,11 +215,7 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
 def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path, monkeypatch):
     """report.py's MTMT table: a system is paired with direct transfer and TSL of its seed only when they came from
     one campaign row (the row trains the seed's teachers: another row of that seed distils other teachers)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import report
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    report = _benchmark("report")
 
     def result(system, seed, f1):
         return {"system": system, "seed": seed, "f1": f1, "precision": f1, "recall": f1}
