@@ -105,8 +105,8 @@ def _train_config(args):
 
 TRAIN_HELP = "train a model"
 # the help lines of the jobs' own parsers (zhie.training.distill's, zhie.training.pretrain's)
-DISTILL_HELP = ("cross-lingual NER: train an MTMT student on unlabelled target text from a recogniser and an "
-                "evaluator (spec 10.3)")
+DISTILL_HELP = ("a smaller, faster student of a trained model (--teacher), or the MTMT student of cross-lingual NER "
+                "(--recognizer, --evaluator; spec 10.3)")
 PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Model"]
+__all__ = ["Ensemble", "Model"]
 
 
 class Model(nn.Module):
@@ -75,6 +75,38 @@ class Model(nn.Module):
     def view(self, names: Sequence[str]) -> Model:
         """A model sharing this one's encoder and the heads ``names`` (no copy)."""
         return Model(self.encoder, {name: self.heads[name] for name in names})
+
+
+class Ensemble(Model):
+    """Several models of one task (the same heads, the same vocabulary: seeds of one training), answering as one
+    model: each head's output is the members' mean (for GPLinker's :class:`~zhie.heads.RelationLogits`, field by
+    field), and :meth:`head_weights` the mean of theirs (a CRF decodes with the mean transitions). A distillation
+    teacher (``zhie distill --teacher A --teacher B …``)."""
+
+    def __init__(self, models: Sequence[Model]) -> None:
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        names = [sorted(m.heads) for m in models]
+        if any(n != names[0] for n in names):
+            raise ValueError(f"the models of an ensemble must have the same heads, got {names}")
+        super().__init__(models[0].encoder, dict(models[0].heads.items()))
+        self.members = nn.ModuleList(models)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, heads: Sequence[str] | None = None
+                ) -> dict[str, object]:
+        outputs = [m(input_ids=input_ids, attention_mask=attention_mask, heads=heads) for m in self.members]
+        return {name: _mean([o[name] for o in outputs]) for name in outputs[0]}
+
+    def head_weights(self, name: str) -> dict[str, np.ndarray]:
+        weights = [m.head_weights(name) for m in self.members]
+        return {k: np.mean([w[k] for w in weights], axis=0) for k in weights[0]}
+
+
+def _mean(values: list) -> object:
+    if isinstance(values[0], torch.Tensor):
+        return torch.stack(values).mean(0) if len(values) > 1 else values[0]
+    return type(values[0])(**{f.name: _mean([getattr(v, f.name) for v in values])
+                              for f in dataclasses.fields(values[0])})
 
 
 def _to_numpy(value) -> object:

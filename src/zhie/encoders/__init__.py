@@ -256,20 +256,32 @@ def check_loading_info(model: nn.Module, info: dict, source: str) -> None:
 
 
 def truncate_layers(model: nn.Module, layers: int) -> nn.Module:
-    """Keep only the first ``layers`` transformer layers (a weaker, faster encoder); in place.
+    """Keep only the first ``layers`` transformer layers (a weaker, faster encoder); in place
+    (:func:`select_layers` of ``range(layers)``)."""
+    return select_layers(model, range(layers), flag=f"--encoder-layers {layers}")
 
-    An ALBERT with one layer group (every released one) applies its shared block fewer times."""
+
+def select_layers(model: nn.Module, indices, flag: str = "--keep-layers") -> nn.Module:
+    """Keep the transformer layers ``indices`` (0-based, increasing, e.g. ``[2, 5, 8, 11]``) in that order; in place.
+
+    An ALBERT with one layer group (every released one) applies its shared block fewer times, so it keeps only a first
+    ``N``. ``flag`` names the option in errors."""
+    indices = list(indices)
     stack = getattr(getattr(model, "encoder", None), "layer", None)
     shared = type(model).__name__ == "AlbertModel" and model.config.num_hidden_groups == 1
     if not shared and not isinstance(stack, nn.ModuleList):
-        raise ValueError(f"cannot truncate the layers of a {type(model).__name__}: it has no encoder.layer list "
-                         "(an ALBERT with several layer groups cannot be cut either); train without --encoder-layers")
+        raise ValueError(f"cannot cut the layers of a {type(model).__name__}: it has no encoder.layer list "
+                         f"(an ALBERT with several layer groups cannot be cut either); leave out {flag}")
     total = model.config.num_hidden_layers if shared else len(stack)
-    if not 1 <= layers <= total:
-        raise ValueError(f"--encoder-layers {layers}: the encoder has {total} layers; keep 1 to {total}")
+    if not indices or indices != sorted(set(indices)) or indices[0] < 0 or indices[-1] >= total:
+        prefix = indices == list(range(len(indices)))
+        raise ValueError(f"{flag}: the encoder has {total} layers; keep 1 to {total}"
+                         + ("" if prefix else f", as increasing indices from 0 to {total - 1} (got {indices})"))
+    if shared and indices != list(range(len(indices))):
+        raise ValueError(f"{flag}: an ALBERT shares one layer, so it can only keep a first N of its {total}")
     if not shared:
-        model.encoder.layer = stack[:layers]
-    model.config.num_hidden_layers = layers
+        model.encoder.layer = nn.ModuleList([stack[i] for i in indices])
+    model.config.num_hidden_layers = len(indices)
     return model
 
 

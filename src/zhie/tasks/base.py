@@ -395,6 +395,30 @@ class Task:
         ``batch_size`` (prior-loss normalisation, spec §5.1.3; :mod:`zhie.multitask.priors`)."""
         raise ValueError(f"no prior loss is derived for the {self.name} task; use another weighting scheme")
 
+    # ---------------------------------------------------------------------------------------- distillation
+    # ``zhie distill --teacher`` (:mod:`zhie.training.students`): the student's items are this task's training items,
+    # of the labelled examples and of unlabelled texts that the teacher labels; each item carries the teacher's soft
+    # targets, computed once (``soft_targets``), added to its batch (``soft_batch``) and scored (``soft_loss``).
+    hard_labels: ClassVar[bool] = True  # False: the student learns from the teacher's outputs only (no hard loss)
+
+    def distill_items(self, examples: list, texts: list[str], label: Callable[[list[str]], list]) -> list:
+        """The student's training items: those of the labelled ``examples`` and of the unlabelled ``texts``, labelled
+        by ``label(texts)`` (the teacher's predictions, as ``predict`` returns them)."""
+        raise ValueError(f"the {self.name} task cannot be distilled yet; train the smaller model with zhie train")
+
+    def soft_targets(self, output: Any, batch: dict[str, Tensor], temperature: float) -> list:
+        """The teacher head's ``output`` on a collated ``batch`` of items -> one compact target per item, on the CPU."""
+        raise NotImplementedError
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        """``batch`` (collated items) with their stored ``targets`` added as tensors."""
+        raise NotImplementedError
+
+    def soft_loss(self, output: Any, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        """The student head's ``output`` against the soft targets of ``batch``: a scalar, on the scale of
+        ``head_loss`` (:mod:`zhie.losses.distill`)."""
+        raise NotImplementedError
+
     # ---------------------------------------------------------------------------------------- saving, loading
     def save(self, model: Model, out: Path, record: dict | None = None) -> Path:
         """Write the model directory (:func:`save_model_dir`); ``record``: how a training run made it."""
@@ -635,6 +659,17 @@ class WindowedTask(Task):
                    f"the two mentions of a triple and what lies between them) must fit in one window, and one longer "
                    f"than {overlap} tokens may be missed or cut where two windows meet")
         return {**super().describe(), "limits": [windows, mode]}
+
+    def distill_items(self, examples: list, texts: list[str], label: Callable[[list[str]], list]) -> list:
+        """The windows of ``examples`` and of ``texts`` labelled by the teacher (``pseudo_example``); the latter are
+        encoded by a fresh task, so that what this one counts from its training data (a segmenter's vocabulary for
+        OOV recall, the statistics) stays that of the labelled data."""
+        pseudo = [self.pseudo_example(text, p) for text, p in zip(texts, label(texts))] if texts else []
+        return self.encode(examples) + type(self)(self.config, self.tokenizer).encode(pseudo)
+
+    def pseudo_example(self, text: str, prediction) -> Any:
+        """A training example of ``text`` whose labels are ``prediction`` (what ``predict`` returns for it)."""
+        raise NotImplementedError
 
     def collate_inputs(self, items) -> dict[str, Tensor]:
         """Items with ``ids`` (content tokens) -> ``input_ids`` with the special tokens and ``attention_mask``."""

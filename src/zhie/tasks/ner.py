@@ -165,6 +165,23 @@ class SpanLabels:
             rows[b].append(TokenSpan(i - 1, j, k, score))
         return rows
 
+    def soft_targets(self, logits: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
+        from zhie.losses.distill import soft_cells
+
+        return soft_cells(logits, temperature)
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        from zhie.losses.distill import stack_cells
+
+        batch["soft_cells"], batch["soft_probs"] = stack_cells(targets)
+        return batch
+
+    def soft_loss(self, logits: Tensor, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        from zhie.losses.distill import dense_targets, span_soft_loss
+
+        target = dense_targets(batch["soft_cells"], batch["soft_probs"], logits)
+        return span_soft_loss(logits, target, temperature).mean()  # over batch x types, as global_pointer_loss
+
 
 class TagLabels:
     """CRF/softmax: one tag per content token, the head's own loss and decoding, tags -> spans."""
@@ -222,6 +239,30 @@ class TagLabels:
 
         tags = [it.tags for it in items]
         return crf_prior(tags) if self.config.head == "crf" else softmax_tagging_prior(tags)
+
+    def soft_targets(self, emissions: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
+        """Each row's emissions over its own tokens (special ones included), fp16 (the temperature acts in the loss)."""
+        import torch
+
+        lengths = batch["attention_mask"].sum(1).tolist()
+        return [emissions[b, :n].to(torch.float16).cpu() for b, n in enumerate(lengths)]
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        import torch
+
+        ids = batch["input_ids"]
+        soft = torch.zeros((*ids.shape, targets[0].shape[-1]), dtype=torch.float16)
+        for b, e in enumerate(targets):
+            soft[b, :len(e)] = e
+        batch["soft_emissions"] = soft
+        return batch
+
+    def soft_loss(self, emissions: Tensor, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        """Over the tokens that carry a tag (the hard loss's tokens)."""
+        from zhie.heads.tagger import IGNORE
+        from zhie.losses.distill import tag_soft_loss
+
+        return tag_soft_loss(emissions, batch["soft_emissions"], batch["labels"] != IGNORE, temperature).mean()
 
     def decode(self, emissions: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None
                ) -> list[list[TokenSpan]]:
@@ -404,6 +445,18 @@ class NerTask(WindowedTask):
 
     def prior_loss(self, items: list[NerWindow], batch_size: int) -> float:
         return self.labeling.prior(items)
+
+    def pseudo_example(self, text: str, prediction: list[Span]) -> NerExample:
+        return NerExample(text, list(prediction))
+
+    def soft_targets(self, output: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
+        return self.labeling.soft_targets(output, batch, temperature)
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        return self.labeling.soft_batch(batch, targets)
+
+    def soft_loss(self, output: Tensor, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        return self.labeling.soft_loss(output, batch, temperature)
 
     def decode(self, model, outputs: dict, attention_mask: np.ndarray) -> list[list[TokenSpan]]:
         """Head output (numpy) -> per row the entities over the window's content token positions."""

@@ -182,6 +182,35 @@ class RelationTask(WindowedTask):
                                        reduction="sum_heads_mean_batch")
                    for name in ("entity", "head_head", "tail_tail"))
 
+    MATRICES = ("entity", "head_head", "tail_tail")
+
+    def pseudo_example(self, text: str, prediction: list[Triple]) -> SpoExample:
+        return SpoExample(text, list(prediction))
+
+    def soft_targets(self, logits: RelationLogits, batch: dict[str, Tensor], temperature: float) -> list:
+        """Per window, the stored soft cells of each of the three matrices (:func:`zhie.losses.distill.soft_cells`)."""
+        from zhie.losses.distill import soft_cells
+
+        return list(zip(*(soft_cells(getattr(logits, name), temperature) for name in self.MATRICES)))
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        from zhie.losses.distill import stack_cells
+
+        for k, name in enumerate(self.MATRICES):
+            batch[f"{name}_soft_cells"], batch[f"{name}_soft_probs"] = stack_cells([t[k] for t in targets])
+        return batch
+
+    def soft_loss(self, logits: RelationLogits, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        """Summed over the matrices and their heads, averaged over the batch (as ``head_loss``)."""
+        from zhie.losses.distill import dense_targets, span_soft_loss
+
+        total = 0
+        for name in self.MATRICES:
+            out = getattr(logits, name)
+            target = dense_targets(batch[f"{name}_soft_cells"], batch[f"{name}_soft_probs"], out)
+            total = total + span_soft_loss(out, target, temperature).sum(1).mean()
+        return total
+
     def prior_loss(self, items: list[RelationWindow], batch_size: int) -> float:
         """The sum of the three modules' priors (one logit per head): ``entity`` has n(n+1)/2 valid cells in a window
         of n tokens, ``head_head`` and ``tail_tail`` n² (no triangle mask)."""

@@ -186,6 +186,31 @@ class SimilarityTask(Task):
         labels = [items[i].label for i in random.Random(0).sample(range(len(items)), len(items))]
         return cosent_prior([labels[i:i + batch_size] for i in range(0, len(labels), batch_size)])
 
+    # distillation: the student matches the teacher's pair similarities over every pair of sentences of its batch
+    hard_labels = False
+
+    def distill_items(self, examples: list[Pair], texts: list[str], label) -> list[EncodedPair]:
+        """The labelled pairs, and the unlabelled ``texts`` paired in order (the last of an odd number is left out);
+        no label is read: the targets are the teacher's vectors."""
+        return self.encode([*examples, *(Pair(a, b, 0.0) for a, b in zip(texts[0::2], texts[1::2]))])
+
+    def soft_targets(self, vectors: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
+        """Per pair, the teacher's two sentence vectors ``[2, d]`` (fp16)."""
+        import torch
+
+        return list(vectors.to(torch.float16).cpu().reshape(-1, 2, vectors.shape[-1]))
+
+    def soft_batch(self, batch: dict[str, Tensor], targets: list) -> dict[str, Tensor]:
+        import torch
+
+        batch["soft_vectors"] = torch.cat(targets)  # interleaved as collate interleaves the pairs
+        return batch
+
+    def soft_loss(self, vectors: Tensor, batch: dict[str, Tensor], temperature: float) -> Tensor:
+        from zhie.losses.distill import similarity_matrix_loss
+
+        return similarity_matrix_loss(vectors, batch["soft_vectors"])
+
     def objective(self, hidden_size: int) -> nn.Module:
         from zhie.losses import SbertObjective, TaskLoss
 

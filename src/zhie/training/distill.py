@@ -202,29 +202,51 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
 
 
 def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """``zhie distill``: the MTMT student (its flags are :func:`distill`'s arguments)."""
-    p = commands.add_parser("distill", help="cross-lingual NER: train an MTMT student on unlabelled target text "
-                                            "from a recogniser and an evaluator (spec 10.3)")
-    p.add_argument("--recognizer", required=True, help="word-level NER model (zhie train ner --mode word)")
-    p.add_argument("--evaluator", required=True, help="similarity evaluator (zhie train xner-evaluator)")
-    p.add_argument("--target", required=True, help="unlabelled target-language text (a NER file's labels are unused)")
-    p.add_argument("--dev", default=None, help="labelled target development file: picks the best evaluation only")
-    p.add_argument("--format", default="auto", choices=["auto", "text", *FORMATS],
-                   help="format of --target and --dev (text: one sentence a line, --target only)")
-    p.add_argument("--out", required=True, help="run directory; best/ is an ordinary NER model directory")
-    p.add_argument("--encoder", default="e5-small", help="the student's initial encoder")
-    p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
-    p.add_argument("--pairs", type=int, default=None, help="word pairs per epoch (default: one per target word)")
-    p.add_argument("--no-balance", dest="balanced", action="store_false",
-                   help="draw partners uniformly instead of half with the same predicted tag")
-    p.add_argument("--loss-alpha", type=float, default=0.5, help="weight of the similarity loss")
+    """``zhie distill``: a smaller student of a trained model (``--teacher``, :mod:`zhie.training.students`), or the
+    MTMT student of cross-lingual NER (``--recognizer`` and ``--evaluator``); the flags are the two functions'
+    arguments."""
+    p = commands.add_parser("distill", help="a smaller, faster student of a trained model (--teacher), or the MTMT "
+                                            "student of cross-lingual NER (--recognizer, --evaluator; spec 10.3)")
+    same = p.add_argument_group("a student of a trained model (any task)")
+    same.add_argument("--teacher", action="append", default=[], metavar="DIR",
+                      help="the trained model directory; repeat for an ensemble of seeds (outputs averaged)")
+    same.add_argument("--train", default=None, help="the labelled training file (the teacher's task reads it)")
+    same.add_argument("--unlabelled", action="append", default=[], metavar="FILE",
+                      help="unlabelled text, one per line or JSON lines with 'text', that the teacher labels; "
+                           "repeat for several files (texts also in --dev are left out)")
+    same.add_argument("--max-unlabelled", type=int, default=None, help="read at most this many unlabelled texts")
+    same.add_argument("--keep-layers", default="first",
+                      help="which teacher layers the student keeps: first (the first --encoder-layers), spread "
+                           "(evenly spaced, ending with the last) or indices such as 2,5,8,11")
+    same.add_argument("--hard-weight", type=float, default=0.5,
+                      help="weight of the task's own loss on gold (and teacher-predicted) labels; the soft-target "
+                           "loss gets 1 minus it")
+    same.add_argument("--temperature", type=float, default=1.0, help="softens the teacher's and student's outputs")
+    mtmt = p.add_argument_group("cross-lingual NER (MTMT)")
+    mtmt.add_argument("--recognizer", default=None, help="word-level NER model (zhie train ner --mode word)")
+    mtmt.add_argument("--evaluator", default=None, help="similarity evaluator (zhie train xner-evaluator)")
+    mtmt.add_argument("--target", default=None,
+                      help="unlabelled target-language text (a NER file's labels are unused)")
+    mtmt.add_argument("--encoder", default="e5-small", help="the student's initial encoder")
+    mtmt.add_argument("--pairs", type=int, default=None, help="word pairs per epoch (default: one per target word)")
+    mtmt.add_argument("--no-balance", dest="balanced", action="store_false",
+                      help="draw partners uniformly instead of half with the same predicted tag")
+    mtmt.add_argument("--loss-alpha", type=float, default=0.5, help="weight of the similarity loss")
     for name, what in (("alpha", "recogniser-confidence weight"), ("beta", "evaluator-confidence weight"),
                        ("gamma", "teacher-agreement weight"), ("similarity", "similarity task")):
-        p.add_argument(f"--no-{name}", dest=name, action="store_false", help=f"turn off the {what} (ablation)")
+        mtmt.add_argument(f"--no-{name}", dest=name, action="store_false", help=f"turn off the {what} (ablation)")
+    mtmt.add_argument("--head-lr-ratio", type=float, default=1e-3, help="head learning rate / --lr (official 1/1000)")
+    p.add_argument("--dev", default=None, help="labelled development file: picks the best evaluation")
+    p.add_argument("--format", default="auto", choices=["auto", "text", *FORMATS],
+                   help="format of the data files (MTMT: text, one sentence a line, for --target only)")
+    p.add_argument("--out", required=True, help="run directory; best/ is an ordinary model directory")
+    p.add_argument("--encoder-layers", type=int, default=None,
+                   help="the student's encoder layers (--teacher: how many of the teacher's it keeps)")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
-    p.add_argument("--head-lr-ratio", type=float, default=1e-3, help="head learning rate / --lr (official 1/1000)")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 16 with --teacher, 32 for MTMT")
+    p.add_argument("--lr", type=float, default=None, help="encoder learning rate (default: 1e-4 with --teacher, "
+                                                          "2e-5 for MTMT)")
+    p.add_argument("--head-lr", type=float, default=None, help="--teacher: the heads' learning rate (default: --lr)")
     p.add_argument("--warmup", type=float, default=0.1)
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--seed", type=int, default=42)
@@ -234,13 +256,32 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
 
 
 def cmd_distill(args) -> None:
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                         eval_every=args.eval_every, seed=args.seed)
-    result = distill(args.recognizer, args.evaluator, args.target, out=args.out, dev=args.dev, format=args.format,
-                     encoder=args.encoder, encoder_layers=args.encoder_layers, pairs=args.pairs,
-                     balanced=args.balanced, loss_alpha=args.loss_alpha, alpha=args.alpha, beta=args.beta,
-                     gamma=args.gamma, similarity=args.similarity, config=config, head_lr_ratio=args.head_lr_ratio,
-                     resume=not args.no_resume, progress=not args.quiet)
+    mtmt = args.recognizer is not None or args.evaluator is not None or args.target is not None
+    if bool(args.teacher) == mtmt:
+        raise ValueError("zhie distill takes either --teacher DIR (a smaller student of a trained model) or "
+                         "--recognizer, --evaluator and --target (the MTMT student), not both and not neither")
+    if mtmt and None in (args.recognizer, args.evaluator, args.target):
+        raise ValueError("the MTMT student needs --recognizer, --evaluator and --target")
+    if not mtmt and args.train is None:
+        raise ValueError("--teacher needs --train, the labelled training file (the teacher's task reads it)")
+    batch_size = args.batch_size or (32 if mtmt else 16)
+    lr = args.lr or (2e-5 if mtmt else 1e-4)
+    config = TrainConfig(epochs=args.epochs, batch_size=batch_size, lr=lr, warmup=args.warmup,
+                         eval_every=args.eval_every, seed=args.seed, head_lr=None if mtmt else args.head_lr)
+    if mtmt:
+        result = distill(args.recognizer, args.evaluator, args.target, out=args.out, dev=args.dev, format=args.format,
+                         encoder=args.encoder, encoder_layers=args.encoder_layers, pairs=args.pairs,
+                         balanced=args.balanced, loss_alpha=args.loss_alpha, alpha=args.alpha, beta=args.beta,
+                         gamma=args.gamma, similarity=args.similarity, config=config,
+                         head_lr_ratio=args.head_lr_ratio, resume=not args.no_resume, progress=not args.quiet)
+    else:
+        from .students import distill_student
+
+        result = distill_student(args.teacher, args.train, out=args.out, dev=args.dev, unlabelled=args.unlabelled,
+                                 max_unlabelled=args.max_unlabelled, format=args.format, keep_layers=args.keep_layers,
+                                 encoder_layers=args.encoder_layers, hard_weight=args.hard_weight,
+                                 temperature=args.temperature, config=config, resume=not args.no_resume,
+                                 progress=not args.quiet)
     if is_main_process():
         print(json.dumps({"best": result["best"], "best_step": result.get("best_step"),
                           "model": str(Path(args.out) / "best")}, ensure_ascii=False))

@@ -1,0 +1,90 @@
+"""Students: distil a trained teacher into a smaller model with ``zhie distill --teacher`` and record its dev F1 and
+training time (speed is measured apart, on a quiet machine, through ``zhie predict``).
+
+    python benchmarks/students.py --teacher runs/cluener-gp/best --dataset cluener --layers 4 --out runs/students
+    python benchmarks/students.py --teacher T --dataset cluener --layers 4 --wiki-sentences 20000 --out runs/students
+
+The unlabelled text the teacher labels: the dataset's unlabelled test texts (CLUENER), and with ``--wiki-sentences
+N`` the first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
+written to ``OUT/unlabelled.txt``. Each run appends one JSON line to ``benchmarks/results/students.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb
+
+from zhie.data.base import read_texts
+from zhie.training import TrainConfig
+from zhie.training.report import read_metrics
+from zhie.training.students import distill_student
+
+SETS = {"cluener": ("ner/cluener/train.json", "ner/cluener/dev.json", "ner/cluener/test.json")}
+
+
+def wiki_sentences(n: int) -> list[str]:
+    """The first ``n`` sentences of 8–120 characters of the wiki corpus (its lines cut after 。！？)."""
+    out: list[str] = []
+    with open(DATA / "corpus/wiki.txt", encoding="utf-8") as f:
+        for line in f:
+            out += [s.strip() for s in re.split(r"(?<=[。！？])", line) if 8 <= len(s.strip()) <= 120]
+            if len(out) >= n:
+                return out[:n]
+    return out
+
+
+def run(args) -> dict:
+    train, dev, test = (DATA / p for p in SETS[args.dataset])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    unlabelled = out / "unlabelled.txt"
+    texts = read_texts(test) + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
+    unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
+                         seed=args.seed, save_every=args.save_every)
+    start = time.time()
+    result = distill_student([Path(t) for t in args.teacher], train, out=out / "student", dev=dev,
+                             unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
+                             hard_weight=args.hard_weight, temperature=args.temperature, config=config,
+                             progress=not args.quiet)
+    history = read_metrics(out / "student" / "metrics.jsonl")
+    return {"dataset": args.dataset, "teachers": args.teacher, "layers": args.layers, "keep_layers": args.keep_layers,
+            "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
+            "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+            "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
+            "f1_per_epoch": [h["dev"].get("f1") for h in history], "train_s": round(time.time() - start),
+            "epoch_s": [h["elapsed_s"] for h in history],
+            "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / max(1, len(history)),
+            "peak_memory_mb": peak_memory_mb(), "machine": machine(), "date": date.today().isoformat(),
+            "command": "python " + " ".join(sys.argv)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--teacher", action="append", required=True, help="teacher model directory; repeat: ensemble")
+    p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--keep-layers", default="spread")
+    p.add_argument("--wiki-sentences", type=int, default=0)
+    p.add_argument("--hard-weight", type=float, default=0.5)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--head-lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--save-every", type=int, default=None)
+    p.add_argument("--out", required=True)
+    p.add_argument("--quiet", action="store_true")
+    append_result("students", run(p.parse_args()))
+
+
+if __name__ == "__main__":
+    with machine_lock():
+        main()

@@ -1,0 +1,245 @@
+"""``zhie distill --teacher DIR``: a smaller student of a trained model, of any task kind, a job on the training engine.
+
+The recipe (TextBrewer's and PaddleNLP's lesson: soft targets from the teacher on a lot of unlabelled text):
+
+1. The teacher: one model directory, or several (seeds of one training: an :class:`~zhie.model.Ensemble`, outputs
+   averaged).
+2. The student: the teacher's encoder cut to the layers ``keep_layers`` (:func:`student_layers`: the first N, or N
+   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads; same
+   task, labels, tokenizer and limits, so ``predict``/``eval``/``serve``/``export`` take it as they are.
+3. The items: the task's training items of the labelled ``train`` file, and of unlabelled texts labelled by the
+   teacher's predictions (texts that are also in ``dev`` are left out) (:meth:`~zhie.tasks.base.Task.distill_items`).
+4. The targets: the teacher's head outputs on every item, computed once before the student trains and stored in
+   ``OUT/teacher/targets.pt`` with what they were computed from (teachers' weights, data files, temperature); a run
+   that resumes reads them back (and refuses a run directory made from other teachers or data).
+5. The loss: ``hard_weight × the task's own loss (gold labels; the teacher's predictions on unlabelled text) +
+   (1 − hard_weight) × the soft-target loss`` of :mod:`zhie.losses.distill` (a sentence-embedding task has no hard
+   loss: its student matches the teacher's pair similarities).
+
+The best student on ``dev`` is an ordinary model directory in ``OUT/best``; its ``training.json`` and card name the
+teachers and the recipe.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from zhie import encoders
+from zhie.core.files import atomic_write, atomic_write_text
+from zhie.data.base import read_texts
+from zhie.dist import is_main_process, local_device
+from zhie.model import Ensemble, Model
+from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_dir, sorted_batches
+
+from .config import TrainConfig
+from .loop import train
+from .record import file_facts, finish, run_record, saver
+
+__all__ = ["DistillObjective", "distill_student", "student_layers"]
+
+TARGETS = Path("teacher") / "targets.pt"
+
+
+def student_layers(keep: str, layers: int | None, total: int) -> list[int]:
+    """The teacher layers a student keeps: ``keep`` is ``"first"`` (the first ``layers``), ``"spread"`` (``layers``
+    evenly spaced, ending with the last: 12 -> 4 keeps 2, 5, 8, 11) or comma-separated indices (then ``layers`` must
+    be None or their number)."""
+    if keep not in ("first", "spread"):
+        try:
+            chosen = [int(x) for x in keep.split(",")]
+        except ValueError:
+            raise ValueError(f"--keep-layers {keep!r}: use first, spread or comma-separated layer indices") from None
+        if layers is not None and layers != len(chosen):
+            raise ValueError(f"--keep-layers names {len(chosen)} layers but --encoder-layers says {layers}")
+        return chosen
+    if layers is None:
+        raise ValueError(f"--keep-layers {keep} needs --encoder-layers N (how many of the teacher's {total} to keep)")
+    if not 1 <= layers <= total:
+        raise ValueError(f"--encoder-layers {layers}: the teacher has {total} layers; keep 1 to {total}")
+    if keep == "first":
+        return list(range(layers))
+    return [round((i + 1) * total / layers) - 1 for i in range(layers)]
+
+
+@dataclass
+class Lesson:
+    """One training item of the student and the teacher's stored target for it."""
+
+    item: Any
+    target: Any
+
+
+class DistillObjective(nn.Module):
+    """``objective(model, batch)``: ``hard_weight × task.head_loss + (1 − hard_weight) × task.soft_loss``."""
+
+    def __init__(self, task, hard_weight: float, temperature: float) -> None:
+        super().__init__()
+        self.task, self.hard_weight, self.temperature = task, hard_weight, temperature
+
+    def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
+        name = self.task.head_name
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[name])[name]
+        soft = self.task.soft_loss(output, batch, self.temperature)
+        if self.hard_weight == 0:
+            return soft
+        return self.hard_weight * self.task.head_loss(model.heads[name], output, batch) + (1 - self.hard_weight) * soft
+
+
+def load_teachers(paths: list[str | os.PathLike], device: torch.device) -> Pipeline:
+    """One teacher pipeline of the model directories ``paths``: the model itself, or their :class:`Ensemble`."""
+    pipes = [load_pipeline(p, device=str(device)) for p in paths]
+    first = pipes[0]
+    for path, pipe in zip(paths[1:], pipes[1:]):
+        if type(pipe.task) is not type(first.task) or pipe.task.config != first.task.config:
+            raise ValueError(f"{path} is not a model of the same task and settings as {paths[0]} "
+                             f"({pipe.task.name} {dataclasses.asdict(pipe.task.config)}); an ensemble of teachers "
+                             "must be seeds of one training")
+        if pipe.task.tokenizer.get_vocab() != first.task.tokenizer.get_vocab():
+            raise ValueError(f"{path} has another vocabulary than {paths[0]}: the teachers of an ensemble must read "
+                             "the same tokens (train them on the same data with the same --keep-tokens)")
+    if len(pipes) == 1:
+        return first
+    return type(first)(first.task, Ensemble([p.model for p in pipes]).eval(), str(device))
+
+
+def teacher_identity(teachers: list[str | os.PathLike], files: dict[str, str], settings: dict) -> dict:
+    """What the stored targets were computed from: the sha256 of each teacher's weights and settings files, of the
+    data files (role -> path) and the settings."""
+    models = [{f.name: file_facts(f.name, f)["sha256"] for f in sorted(resolve_model_dir(path).iterdir())
+               if f.suffix == ".safetensors" or f.name == "zhie.json"} for path in teachers]
+    return {"teachers": models, "data": {role: file_facts(role, p)["sha256"] for role, p in files.items()}, **settings}
+
+
+@torch.no_grad()
+def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
+                    progress: bool = False) -> list:
+    """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order; batches
+    of similar length."""
+    task, model = teacher.task, teacher.model
+    lengths = [len(it.ids) if task.group_by_length else max(len(it.a), len(it.b)) for it in items]
+    targets: list = [None] * len(items)
+    batches = list(sorted_batches(lengths, batch_size))
+    for k, idx in enumerate(batches):
+        batch = task.collate([items[i] for i in idx])
+        output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                       heads=[task.head_name])[task.head_name]
+        for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
+            targets[i] = target
+        if progress and (k + 1) % 100 == 0:
+            print(f"teacher targets: {k + 1}/{len(batches)} batches", flush=True)
+    return targets
+
+
+def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: int | None) -> tuple[list[str], dict]:
+    """The distinct texts of ``paths`` (one per line, or JSON lines with "text") that are not in ``exclude`` (the dev
+    texts), the first ``limit`` of them; and counts of what was left out."""
+    seen, texts, stats = set(exclude), [], {"unlabelled_read": 0, "unlabelled_in_dev_or_repeated": 0}
+    for path in paths:
+        for text in read_texts(path):
+            stats["unlabelled_read"] += 1
+            if text in seen:
+                stats["unlabelled_in_dev_or_repeated"] += 1
+                continue
+            seen.add(text)
+            texts.append(text)
+    stats["unlabelled_beyond_limit"] = max(0, len(texts) - limit) if limit is not None else 0
+    return (texts[:limit] if limit is not None else texts), stats
+
+
+def distill_student(teachers: list[str | os.PathLike], train_path: str | os.PathLike, *, out: str | os.PathLike,
+                    dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
+                    max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
+                    encoder_layers: int | None = None, hard_weight: float = 0.5, temperature: float = 1.0,
+                    config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
+    """Distil the model directories ``teachers`` (one, or seeds of one training) into a student with the teacher
+    layers of :func:`student_layers` (``keep_layers``, ``encoder_layers``), trained on the labelled ``train_path``
+    and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to ``out/best``. Returns the
+    loop's summary. See the module's docstring for the recipe."""
+    if not 0 <= hard_weight <= 1:
+        raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
+    if temperature <= 0:
+        raise ValueError(f"--temperature {temperature}: must be positive")
+    if not teachers:
+        raise ValueError("name at least one teacher model directory (--teacher DIR)")
+    config = config or TrainConfig(lr=1e-4, batch_size=16)
+    device = local_device()
+    teacher = load_teachers(teachers, device)
+    cls = type(teacher.task)
+    hard = hard_weight if cls.hard_labels else 0.0
+    train_examples = cls.read(train_path, format)
+    dev_examples = cls.read(dev, format) if dev is not None else None
+    dev_texts = set(cls.texts(dev_examples)) if dev_examples else set()
+    texts, text_stats = read_unlabelled(list(unlabelled or []), dev_texts, max_unlabelled)
+
+    first = teacher.model.members[0] if isinstance(teacher.model, Ensemble) else teacher.model
+    total = first.encoder.config.num_hidden_layers
+    kept = student_layers(keep_layers, encoder_layers, total)
+    student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
+    model = Model(copy.deepcopy(first.encoder), copy.deepcopy(dict(first.heads.items()))).cpu()
+    encoders.select_layers(model.encoder, kept)
+    model.train()
+
+    out = Path(out)
+    files = {"train": str(train_path), **({"dev": str(dev)} if dev is not None else {}),
+             **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
+    recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "kept_layers": kept,
+              "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
+              "max_unlabelled": max_unlabelled, **text_stats}
+    identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
+                                {"temperature": temperature, "max_unlabelled": max_unlabelled, "format": format})
+    lessons = stored_lessons(out, identity, resume)
+    if lessons is None:
+        items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
+        targets = teacher_targets(teacher, items, 64, temperature, device, progress)
+        lessons = [Lesson(it, t) for it, t in zip(items, targets)]
+        if is_main_process():
+            path = out / TARGETS
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, lambda f: torch.save({"identity": identity, "lessons": lessons}, f))
+
+    summary = {"task": cls.name, "items": len(lessons), "student_layers": len(kept), **recipe}
+    if is_main_process():
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
+        if progress:
+            print(json.dumps(summary, ensure_ascii=False))
+    evaluator = Evaluator(student_task, dev_examples) if dev_examples is not None else None
+    record = run_record(files, encoder=str(teachers[0]), config=config,
+                        options={"distilled_from": recipe}) if is_main_process() else {}
+
+    def collate(batch: list[Lesson]) -> dict[str, Tensor]:
+        return student_task.soft_batch(student_task.collate([b.item for b in batch]), [b.target for b in batch])
+
+    lengths = [len(les.item.ids) for les in lessons] if cls.group_by_length else None
+    result = train(model, lessons, collate=collate, loss_fn=DistillObjective(student_task, hard, temperature),
+                   config=config, out_dir=out, evaluate=evaluator, metric=student_task.metric,
+                   save_best=saver(student_task, record, evaluator), lengths=lengths, resume=resume,
+                   progress=progress)
+    if is_main_process():
+        finish(out / "best", result, student_task.describe())
+    return result
+
+
+def stored_lessons(out: Path, identity: dict, resume: bool) -> list[Lesson] | None:
+    """The lessons stored in ``out`` by an earlier run with the same ``identity``; None when there are none (or
+    ``resume`` is off). A run directory that holds a checkpoint of another teacher or data is refused."""
+    path = out / TARGETS
+    if not resume or not path.exists():
+        return None
+    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
+    if stored["identity"] == identity:
+        return stored["lessons"]
+    if (out / "checkpoint.pt").exists():
+        changed = sorted(k for k in identity if stored["identity"].get(k) != identity[k])
+        raise ValueError(f"{out} holds a distillation from other {', '.join(changed)}: resuming would mix two runs; "
+                         "use another --out, or --no-resume to start this one over")
+    return None

@@ -1,0 +1,210 @@
+"""Same-language distillation (``zhie distill --teacher``): the soft-target losses against hand computations, the
+layers a student keeps, the ensemble, and tiny teachers of every task kind whose students must agree with them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import zhie
+from zhie import encoders
+from zhie.data import write_ner_jsonl
+from zhie.heads import SoftmaxTagger
+from zhie.losses.distill import (
+    dense_targets,
+    similarity_matrix_loss,
+    soft_cells,
+    span_soft_loss,
+    stack_cells,
+    tag_soft_loss,
+)
+from zhie.model import Ensemble, Model
+from zhie.training import TrainConfig, students
+from zhie.training.students import distill_student, student_layers
+
+from .tiny_models import nested_corpus, relation_corpus, trained, write_pairs, write_segmented_corpus
+
+
+# ------------------------------------------------------------------------------------------------ losses by hand
+def test_span_soft_loss_is_the_soft_mce_of_the_tempered_logits_by_hand():
+    s = torch.tensor([[[[1.0, -2.0], [-1e12, 0.5]]]])  # [1, 1, 2, 2]; one masked cell
+    t = torch.tensor([[[[0.9, 0.0], [0.0, 0.3]]]])
+    temp = 2.0
+    got = span_soft_loss(s, t, temp)
+    x = [1.0 / temp, -2.0 / temp, 0.5 / temp]
+    q = [0.9, 0.0, 0.3]
+    neg = math.log(1 + sum((1 - qi) * math.exp(xi) for xi, qi in zip(x, q)))
+    pos = math.log(1 + sum(qi * math.exp(-xi) for xi, qi in zip(x, q)))
+    assert got.shape == (1, 1)
+    assert got.item() == pytest.approx((neg + pos) * temp ** 2, rel=1e-6)
+
+
+def test_stored_span_cells_give_back_the_teachers_probabilities_above_the_floor():
+    logits = torch.tensor([[[[2.0, -1.0, -9.0], [-1e12, 0.0, -5.0], [-1e12, -1e12, -3.0]]]]).repeat(2, 1, 1, 1)
+    logits[1, 0, 0, 0] = -8.0
+    rows = soft_cells(logits, temperature=1.0)
+    cells, probs = stack_cells(rows)
+    dense = dense_targets(cells, probs, logits)
+    expected = torch.sigmoid(2 * logits)
+    expected[expected < 1e-3] = 0
+    assert torch.allclose(dense, expected, atol=1e-3)  # fp16 storage
+    assert len(rows[0][0]) == 4 and len(rows[1][0]) == 3  # 2, -1, 0, -3 kept; -5, -9 and masked cells are not
+
+
+def test_tag_soft_loss_is_t_squared_kl_over_the_masked_tokens():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 4, 3), torch.randn(2, 4, 3)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    temp = 3.0
+    got = tag_soft_loss(student, teacher, mask, temp)
+    for b in range(2):
+        kl = F.kl_div(F.log_softmax(student[b] / temp, -1), F.log_softmax(teacher[b] / temp, -1), log_target=True,
+                      reduction="none").sum(-1)
+        assert got[b].item() == pytest.approx((kl[mask[b]].mean() * temp ** 2).item(), rel=1e-5)
+
+
+def test_similarity_matrix_loss_compares_pair_cosines_of_any_width():
+    torch.manual_seed(1)
+    s, t = torch.randn(3, 4), torch.randn(3, 6)
+    cos = lambda v: [[F.cosine_similarity(v[i], v[j], dim=0).item() for j in range(3)] for i in range(3)]  # noqa: E731
+    cs, ct = cos(s), cos(t)
+    want = np.mean([(cs[i][j] - ct[i][j]) ** 2 for i in range(3) for j in range(3) if i != j])
+    assert similarity_matrix_loss(s, t).item() == pytest.approx(want, rel=1e-5)
+    assert similarity_matrix_loss(t * 5, t).item() == pytest.approx(0.0, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ layers, ensemble
+def test_student_layers_first_spread_and_indices():
+    assert student_layers("first", 4, 12) == [0, 1, 2, 3]
+    assert student_layers("spread", 4, 12) == [2, 5, 8, 11]
+    assert student_layers("spread", 3, 12) == [3, 7, 11]
+    assert student_layers("spread", 1, 2) == [1]
+    assert student_layers("0,5,11", None, 12) == [0, 5, 11]
+    for keep, layers in (("first", None), ("spread", 13), ("0,x", None), ("1,2", 3)):
+        with pytest.raises(ValueError):
+            student_layers(keep, layers, 12)
+
+
+def test_select_layers_keeps_those_layers_in_order_and_refuses_others():
+    model, _ = encoders.tiny(["甲乙丙"], layers=3)
+    layers = list(model.encoder.layer)
+    encoders.select_layers(model, [0, 2])
+    assert list(model.encoder.layer) == [layers[0], layers[2]] and model.config.num_hidden_layers == 2
+    for bad in ([2, 1], [0, 0], [5], []):
+        with pytest.raises(ValueError):
+            encoders.select_layers(model, bad)
+
+
+def test_an_ensemble_answers_the_mean_of_its_members():
+    heads = lambda: {"ner": SoftmaxTagger(128, 3)}  # noqa: E731
+    a = Model(encoders.tiny(["甲乙丙"], seed=1)[0], heads()).eval()
+    b = Model(encoders.tiny(["甲乙丙"], seed=2)[0], heads()).eval()
+    ids, mask = torch.tensor([[2, 5, 6, 3]]), torch.ones(1, 4, dtype=torch.long)
+    with torch.no_grad():
+        got = Ensemble([a, b])(ids, mask)["ner"]
+        assert torch.allclose(got, (a(ids, mask)["ner"] + b(ids, mask)["ner"]) / 2)
+
+
+# ------------------------------------------------------------------------------------------------ students
+def _config(epochs: int, lr: float = 2e-3) -> TrainConfig:
+    return TrainConfig(epochs=epochs, batch_size=16, lr=lr, warmup=0.05, seed=0, eval_every=10**9)
+
+
+def _agreement(teacher, student, texts) -> float:
+    """The share of the teacher's predicted items (spans, words, triples) that the student predicts too."""
+    key = lambda x: (x.start, x.end, x.label) if hasattr(x, "start") else (x.subject, x.predicate, x.object)  # noqa
+    t = [{key(x) for x in row} for row in teacher.predict(texts)]
+    s = [{key(x) for x in row} for row in student.predict(texts)]
+    return sum(len(a & b) for a, b in zip(t, s)) / max(1, sum(len(a) for a in t))
+
+
+@pytest.fixture(scope="module")
+def ner_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("distill-data")
+    write_ner_jsonl(nested_corpus(120, seed=1), d / "train.jsonl")
+    write_ner_jsonl(nested_corpus(30, seed=2), d / "dev.jsonl")
+    (d / "unlabelled.txt").write_text("\n".join(ex.text for ex in nested_corpus(150, seed=7)) + "\n",
+                                      encoding="utf-8")
+    return d
+
+
+@pytest.mark.parametrize("head", ["gp", "crf"])
+def test_a_one_layer_student_agrees_with_its_ner_teacher(ner_files, tmp_path, head):
+    teacher = trained(f"ner-{head}")
+    result = distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
+                             unlabelled=[ner_files / "unlabelled.txt"], keep_layers="spread", encoder_layers=1,
+                             config=_config(6), progress=False)
+    assert result["finished"]
+    student = zhie.load(tmp_path / "s" / "best")
+    assert student.model.encoder.config.num_hidden_layers == 1
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(zhie.load(teacher), student, texts) >= 0.9
+    record = json.loads((tmp_path / "s" / "best" / "training.json").read_text(encoding="utf-8"))
+    assert record["options"]["distilled_from"]["teachers"] == [str(teacher)]
+    assert str(teacher) in (tmp_path / "s" / "best" / "README.md").read_text(encoding="utf-8")
+
+
+def test_stored_targets_are_read_back_and_another_teacher_is_refused(ner_files, tmp_path, monkeypatch):
+    teacher = trained("ner-gp")
+    args = dict(out=tmp_path / "s", dev=ner_files / "dev.jsonl", unlabelled=[ner_files / "unlabelled.txt"],
+                encoder_layers=1, config=_config(1), progress=False)
+    distill_student([teacher], ner_files / "train.jsonl", **args)
+    first = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+
+    def no_teacher(*a, **k):
+        raise AssertionError("the teacher ran again although its targets were stored")
+
+    monkeypatch.setattr(students, "teacher_targets", no_teacher)
+    distill_student([teacher], ner_files / "train.jsonl", **args)  # resumes: reads the stored targets
+    again = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    assert [les.item for les in again["lessons"]] == [les.item for les in first["lessons"]]
+    assert all(torch.equal(a.target[1], b.target[1]) for a, b in zip(again["lessons"], first["lessons"]))
+    with pytest.raises(ValueError, match="resuming would mix two runs"):
+        distill_student([teacher], ner_files / "train.jsonl", temperature=2.0, **args)
+
+
+def test_an_ensemble_of_one_teacher_twice_stores_that_teachers_targets(ner_files, tmp_path):
+    teacher = trained("ner-gp")
+    common = dict(dev=ner_files / "dev.jsonl", encoder_layers=1, config=_config(1), progress=False)
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "one", **common)
+    distill_student([teacher, teacher], ner_files / "train.jsonl", out=tmp_path / "two", **common)
+    one, two = (torch.load(tmp_path / d / students.TARGETS, weights_only=False)["lessons"] for d in ("one", "two"))
+    assert all(torch.equal(a.target[0], b.target[0]) and torch.allclose(a.target[1].float(), b.target[1].float())
+               for a, b in zip(one, two))
+
+
+def test_a_segmenter_student_agrees_with_its_teacher(tmp_path):
+    teacher = trained("cws")
+    data = write_segmented_corpus(tmp_path / "train.txt")
+    distill_student([teacher], data, out=tmp_path / "s", dev=data, encoder_layers=1, config=_config(4),
+                    progress=False)
+    texts = ["".join(line.split()) for line in data.read_text(encoding="utf-8").splitlines()[:40]]
+    assert _agreement(zhie.load(teacher), zhie.load(tmp_path / "s" / "best"), texts) >= 0.9
+
+
+def test_a_relation_student_agrees_with_its_teacher(tmp_path):
+    teacher = trained("re")
+    lines = [json.dumps(r, ensure_ascii=False) for r in relation_corpus(100, seed=3)]
+    (tmp_path / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "more.txt").write_text("\n".join(r["text"] for r in relation_corpus(200, seed=12)), encoding="utf-8")
+    distill_student([teacher], tmp_path / "train.jsonl", out=tmp_path / "s", dev=tmp_path / "train.jsonl",
+                    unlabelled=[tmp_path / "more.txt"], encoder_layers=1, keep_layers="spread", config=_config(6),
+                    progress=False)
+    texts = [r["text"] for r in relation_corpus(30, seed=11)]
+    assert _agreement(zhie.load(teacher), zhie.load(tmp_path / "s" / "best"), texts) >= 0.9
+
+
+def test_a_sentence_embedding_student_keeps_the_teachers_similarities(tmp_path):
+    pairs = write_pairs(tmp_path / "pairs.tsv")
+    zhie.fit("similarity", pairs, pairs, out=tmp_path / "t", encoder="tiny", max_length=32, pooling="mean",
+             config=_config(6), resume=False, progress=False)  # a teacher whose similarities spread (-0.4 to 1)
+    distill_student([tmp_path / "t" / "best"], pairs, out=tmp_path / "s", dev=pairs, encoder_layers=1,
+                    keep_layers="spread", config=_config(6), progress=False)
+    a, b = (list(x) for x in zip(*(line.split("\t")[:2] for line in pairs.read_text(encoding="utf-8").splitlines())))
+    t = zhie.load(tmp_path / "t" / "best").similarity(a, b)
+    assert np.corrcoef(t, zhie.load(tmp_path / "s" / "best").similarity(a, b))[0, 1] >= 0.99  # cut alone: 0.987
