@@ -61,6 +61,32 @@ def matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.f
     return 2 * size**3 / best
 
 
+def int8_matmul_peak(size: int = 2048, repeats: int = 3) -> float:
+    """Integer multiply-adds x 2 per second of onnxruntime's ``MatMulInteger`` (uint8 activations x int8 weights, int32
+    sums: what a dynamically quantised export runs) on ``size x size`` matrices, best of ``repeats`` after a warm-up,
+    with onnxruntime's default threads (as ``zhie predict`` runs an export)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "int8_peak",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size]),
+         helper.make_tensor_value_info("b", TensorProto.INT8, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feed = {"a": rng.integers(0, 255, (size, size), dtype=np.uint8),
+            "b": rng.integers(-127, 127, (size, size), dtype=np.int8)}
+    best = float("inf")
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        session.run(None, feed)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
 def wall_clock(device: torch.device) -> float:
     """``time.perf_counter()`` after the device's queued work is done."""
     if device.type == "cuda":

@@ -1,0 +1,134 @@
+"""Speed against accuracy, the way users run a model: ``zhie predict MODEL --input FILE --output FILE`` as a whole
+process on this machine, for each model as it is (torch fp32) and as an export (onnxruntime fp32 and int8).
+
+    python benchmarks/tradeoff.py --dataset cluener --model teacher=runs/cluener-gp/best \\
+        --model student-4=runs/students/student/best --out runs/tradeoff
+
+For every model and variant: the dev F1 (``zhie eval``), sentences/s and characters/s over the dev + test texts
+(best of ``--runs``, process start included), the cold start (``zhie predict VARIANT TEXT``, one short text, best
+of ``--runs``), the peak resident memory of the predicting process, and the size on disk. The exports are made once
+in ``OUT/exports`` (int8: ``--per-channel --reduce-range``, the accurate setting on CPUs without VNNI). Each row
+appends one JSON line to ``benchmarks/results/tradeoff.jsonl`` with the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+from types import SimpleNamespace
+
+from common import DATA, append_result, machine, machine_lock
+from roofline import encoder_flops, int8_matmul_peak, matmul_peak
+
+from zhie.data import read_ner
+
+SETS = {"cluener": ("ner/cluener/dev.json", "ner/cluener/test.json"),
+        "peoples_daily": ("ner/peoples_daily/example.dev",), "cmeee": ("ner/cmeee/dev.json",)}
+EXPORTS = {"fp32": [], "int8": ["--quantize", "int8", "--per-channel", "--reduce-range"]}
+
+
+def timed(argv: list[str]) -> tuple[float, float]:
+    """``(wall seconds, peak resident MiB)`` of one process running ``argv`` (which must succeed)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {proc.stderr.read().decode()[-2000:]}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def size_mb(directory: Path) -> float:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
+
+
+def cut(model: Path, layers: int, out: Path) -> Path:
+    """``model`` with only its first ``layers`` encoder layers, untrained since (its speed is a student's of that
+    depth; its F1 is the cut's before any distillation), saved once in ``out``."""
+    if not (out / "zhie.json").exists():
+        import zhie
+        from zhie import encoders
+
+        pipe = zhie.load(model)
+        encoders.select_layers(pipe.model.encoder, range(layers))
+        pipe.task.save(pipe.model, out)
+    return out
+
+
+def variants(name: str, model: Path, out: Path, which: list[str]) -> list[tuple[str, Path]]:
+    """``(variant, directory)`` of ``model``: ``torch`` itself, ``fp32``/``int8`` its exports (made once)."""
+    found = []
+    for variant in which:
+        if variant == "torch":
+            found.append((variant, model))
+            continue
+        target = out / "exports" / f"{name}-{variant}"
+        if not (target / "export.json").exists():
+            subprocess.run(["zhie", "export", str(model), "--out", str(target), *EXPORTS[variant]], check=True,
+                           stdout=subprocess.DEVNULL)
+        found.append((variant, target))
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
+    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--cut", action="append", default=[], metavar="NAME=DIR:LAYERS",
+                   help="also DIR's model cut to its first LAYERS layers, untrained (speed of that depth)")
+    p.add_argument("--variants", default="torch,fp32,int8")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [DATA / f for f in SETS[args.dataset]]
+    texts = [ex.text for f in files for ex in read_ner(f)]
+    (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
+    peaks["torch"] = peaks["fp32"]
+    models = [spec.partition("=")[::2] for spec in args.model]
+    for spec in args.cut:
+        name, _, rest = spec.partition("=")
+        source, _, layers = rest.rpartition(":")
+        models.append((name, str(cut(Path(source), int(layers), out / "cuts" / name))))
+    for name, directory in models:
+        for variant, path in variants(name, Path(directory), out, args.variants.split(",")):
+            load = os.getloadavg()
+            subprocess.run(["zhie", "eval", str(path), "--data", str(files[0]), "--json", str(out / "eval.json")],
+                           check=True, stdout=subprocess.DEVNULL)
+            f1 = json.loads((out / "eval.json").read_text(encoding="utf-8"))["micro"]["f1"]
+            predict = ["zhie", "predict", str(path), "--input", str(out / "texts.txt"), "--output",
+                       str(out / "out.jsonl"), "--batch-size", str(args.batch_size)]
+            runs = [timed(predict) for _ in range(args.runs)]
+            cold = min(timed(["zhie", "predict", str(path), texts[0]])[0] for _ in range(args.runs))
+            best = min(w for w, _ in runs)
+            config_file = Path(directory) / "config.json"
+            config = SimpleNamespace(**json.loads(config_file.read_text())) if config_file.exists() else None
+            flops = (encoder_flops(config, [len(t) + 2 for t in texts])
+                     if config is not None and getattr(config, "model_type", "") in ("bert", "xlm-roberta") else None)
+            append_result("tradeoff", {
+                "dataset": args.dataset, "model": name, "variant": variant, "path": str(path),
+                "layers": getattr(config, "num_hidden_layers", None),
+                "encoder_share_of_peak": flops / best / peaks[variant] if flops else None,
+                "peak_gflops": round(peaks[variant] / 1e9, 1),
+                "dev_f1": f1, "texts": len(texts), "characters": sum(map(len, texts)),
+                "sentences_per_s": len(texts) / best, "characters_per_s": sum(map(len, texts)) / best,
+                "walls_s": [round(w, 3) for w, _ in runs], "cold_start_s": round(cold, 3),
+                "peak_rss_mb": round(max(m for _, m in runs)), "size_mb": round(size_mb(path), 1),
+                "batch_size": args.batch_size, "load_before": load, "load_after": os.getloadavg(),
+                "machine": machine(), "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
+            print(f"{name} {variant}: F1 {f1:.4f}, {len(texts) / best:.0f} sentences/s, cold {cold:.2f} s",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    with machine_lock():
+        main()
