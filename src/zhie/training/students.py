@@ -38,7 +38,7 @@ from zhie.core.files import atomic_write, atomic_write_text
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
 from zhie.model import Ensemble, Model
-from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_dir, sorted_batches
+from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_dir, seeded, sorted_batches
 
 from .config import TrainConfig
 from .loop import train
@@ -47,6 +47,7 @@ from .record import file_facts, finish, run_record, saver
 __all__ = ["DistillObjective", "distill_student", "student_layers"]
 
 TARGETS = Path("teacher") / "targets.pt"
+STUDENTS = ("cut", "conv")
 
 
 def student_layers(keep: str, layers: int | None, total: int) -> list[int]:
@@ -158,10 +159,13 @@ def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: in
 def distill_student(teachers: list[str | os.PathLike], train_path: str | os.PathLike, *, out: str | os.PathLike,
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
-                    encoder_layers: int | None = None, hard_weight: float = 0.5, temperature: float = 1.0,
+                    encoder_layers: int | None = None, student: str = "cut", width: int = 256,
+                    hard_weight: float = 0.5, temperature: float = 1.0,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
-    """Distil the model directories ``teachers`` (one, or seeds of one training) into a student with the teacher
-    layers of :func:`student_layers` (``keep_layers``, ``encoder_layers``), trained on the labelled ``train_path``
+    """Distil the model directories ``teachers`` (one, or seeds of one training) into a student (``student``, see
+    :func:`student_model`: ``"cut"`` keeps the teacher layers of :func:`student_layers`, ``keep_layers`` and
+    ``encoder_layers``; ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width``
+    over the teacher's embeddings), trained on the labelled ``train_path``
     and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to ``out/best``. Returns the
     loop's summary. See the module's docstring for the recipe."""
     if not 0 <= hard_weight <= 1:
@@ -182,16 +186,16 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
 
     first = teacher.model.members[0] if isinstance(teacher.model, Ensemble) else teacher.model
     total = first.encoder.config.num_hidden_layers
-    kept = student_layers(keep_layers, encoder_layers, total)
+    if student not in STUDENTS:
+        raise ValueError(f"--student {student}: choose one of {', '.join(STUDENTS)}")
+    kept = student_layers(keep_layers, encoder_layers, total) if student == "cut" else None
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
-    model = Model(copy.deepcopy(first.encoder), copy.deepcopy(dict(first.heads.items()))).cpu()
-    encoders.select_layers(model.encoder, kept)
-    model.train()
 
     out = Path(out)
     files = {"train": str(train_path), **({"dev": str(dev)} if dev is not None else {}),
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
-    recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "kept_layers": kept,
+    recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
+              **({"kept_layers": kept} if student == "cut" else {"conv_layers": encoder_layers or 4, "width": width}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
@@ -206,7 +210,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: torch.save({"identity": identity, "lessons": lessons}, f))
 
-    summary = {"task": cls.name, "items": len(lessons), "student_layers": len(kept), **recipe}
+    model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed)
+    summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
@@ -227,6 +232,24 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if is_main_process():
         finish(out / "best", result, student_task.describe())
     return result
+
+
+def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
+                  seed: int) -> Model:
+    """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` and the
+    teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width``
+    (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
+    the task's fresh heads of that width."""
+    if kind == "cut":
+        model = Model(copy.deepcopy(teacher.encoder), copy.deepcopy(dict(teacher.heads.items())))
+        encoders.select_layers(model.encoder, kept)
+    else:
+        from zhie.encoders.conv import conv_student
+
+        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, seed=seed)
+        with seeded(seed):
+            model = Model(encoder, task.build_heads(width))
+    return model.cpu().train()
 
 
 def stored_lessons(out: Path, identity: dict, resume: bool) -> list[Lesson] | None:
