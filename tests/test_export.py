@@ -7,6 +7,7 @@ predict."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -102,6 +103,27 @@ def test_nested_spans_come_back_from_the_export(exported):
     _, _, out = exported
     (spans,) = zhie.load(out).predict(["吕洋琼在清宁县银行工作。"])
     assert {("清宁县银行", "ORG"), ("清宁县", "LOC")} <= {(s.text, s.label) for s in spans}
+
+
+@pytest.mark.parametrize("exported", ["ner-gp"], indirect=True)
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs a process that may run on two CPUs or more")
+def test_an_export_runs_one_thread_per_allowed_cpu_and_its_threads_do_not_spin(exported):
+    """Under taskset or a cpuset the session runs as many intra-op threads as the process may use CPUs (onnxruntime's
+    own default counts the machine's cores: two threads on one CPU); on the whole machine it keeps onnxruntime's
+    default (0). Its idle threads never spin (they took the CPUs from the Python work between two calls)."""
+    _, _, out = exported
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})
+        pinned = OnnxModel(out).session.get_session_options()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    whole = OnnxModel(out).session.get_session_options()
+    assert pinned.intra_op_num_threads == 1 and whole.intra_op_num_threads == 0
+    assert OnnxModel(out, threads=3).session.get_session_options().intra_op_num_threads == 3
+    for options in (pinned, whole):
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
 
 
 @pytest.mark.parametrize("exported", ["ner-crf"], indirect=True)

@@ -14,7 +14,7 @@ import zhie
 from tests.tiny_models import nested_corpus, trained
 from zhie.cli import main
 from zhie.deploy import stream
-from zhie.tasks.base import sorted_batches
+from zhie.tasks.base import input_arrays, pad_array, sorted_batches
 
 # texts of different lengths (so that sorting inside a chunk reorders them), one longer than a 64-token window
 TEXTS = [ex.text for ex in nested_corpus(11, seed=3)] + ["短句。", "".join(ex.text for ex in nested_corpus(6, seed=4))]
@@ -39,6 +39,24 @@ def test_token_budget_batches_hold_every_index_once_within_the_budget(lengths, m
     # greedy: a batch stops only when the next row would break the budget
     for b, nxt in zip(batches, batches[1:]):
         assert (len(b) + 1) * max(lengths[i] for i in b) > max_tokens, (b, nxt)
+
+
+@given(st.lists(st.lists(st.integers(-5, 10**6), max_size=9), max_size=7), st.integers(-100, 3), st.integers(0, 4))
+def test_padding_puts_each_row_left_aligned_and_fills_the_rest(rows, value, extra):
+    """input_arrays / pad_array (one scatter of all the rows) against padding each row in Python; a padded length
+    shorter than a row is an error."""
+    width = max(map(len, rows), default=0)
+    want = [row + [value] * (width + extra - len(row)) for row in rows]
+    assert pad_array(rows, value, width + extra).tolist() == want
+    assert pad_array(rows, value).tolist() == [row[:width] for row in want]
+    batch = input_arrays(rows, value)
+    assert batch["input_ids"].dtype == batch["attention_mask"].dtype == np.int64
+    assert batch["input_ids"].tolist() == [row[:width] for row in want]
+    assert batch["attention_mask"].tolist() == [[1] * len(row) + [0] * (width - len(row)) for row in rows]
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (len(rows), width)
+    if width:
+        with pytest.raises(ValueError):
+            pad_array(rows, value, width - 1)
 
 
 def test_max_tokens_predicts_what_fixed_batches_predict():

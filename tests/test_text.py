@@ -102,6 +102,20 @@ def test_char_mode_offsets(char_tok, text):
 
 
 @SETTINGS
+@given(texts=st.lists(TEXTS, min_size=1, max_size=4))
+def test_char_mode_reads_each_character_as_its_own_lookup_does(hf_tokenizer, texts):
+    """encode_char reads the characters from its cache in one pass (the fast path), after adding those it has not
+    seen (the first call of a text): either way, the ids and offsets are those of looking each character up alone,
+    uncached (_lookup), with whitespace, emoji, full-width and unknown characters."""
+    tok = TextTokenizer(hf_tokenizer, "char")  # a fresh cache: the first call of each text may take the slow path
+    for text in [*texts, *texts, "丁 Z龘\t丁😀ＡＢ\u3000。"]:
+        want = [(i, tok._lookup(c)) for i, c in enumerate(text) if tok._lookup(c) is not None]
+        enc = tok(text)
+        assert list(zip(enc.starts, enc.ids)) == want
+        assert enc.ends == [i + 1 for i, _ in want]
+
+
+@SETTINGS
 @given(text=TEXTS)
 def test_subword_mode_offsets(subword_tok, text):
     enc = subword_tok(text)

