@@ -3,6 +3,7 @@ training time (speed is measured apart, on a quiet machine, through ``zhie predi
 
     python benchmarks/students.py --teacher runs/cluener-gp/best --dataset cluener --layers 4 --out runs/students
     python benchmarks/students.py --teacher T --dataset cluener --layers 4 --wiki-sentences 20000 --out runs/students
+    python benchmarks/students.py --teacher T --student conv --width 256 --layers 4 --epochs 6 --out runs/conv
 
 The unlabelled text the teacher labels: the dataset's unlabelled test texts (CLUENER), and with ``--wiki-sentences
 N`` the first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
@@ -51,10 +52,13 @@ def run(args) -> dict:
     start = time.time()
     result = distill_student([Path(t) for t in args.teacher], train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
+                             student=args.student, width=args.width,
                              hard_weight=args.hard_weight, temperature=args.temperature, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
-    return {"dataset": args.dataset, "teachers": args.teacher, "layers": args.layers, "keep_layers": args.keep_layers,
+    return {"dataset": args.dataset, "teachers": args.teacher, "student": args.student, "layers": args.layers,
+            "keep_layers": args.keep_layers if args.student == "cut" else None,
+            "width": args.width if args.student == "conv" else None,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
@@ -71,6 +75,8 @@ def main() -> None:
     p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
+    p.add_argument("--student", default="cut", choices=["cut", "conv"])
+    p.add_argument("--width", type=int, default=256, help="--student conv: channels per block")
     p.add_argument("--wiki-sentences", type=int, default=0)
     p.add_argument("--hard-weight", type=float, default=0.5)
     p.add_argument("--temperature", type=float, default=1.0)
