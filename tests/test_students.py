@@ -210,15 +210,16 @@ def test_a_sentence_embedding_student_keeps_the_teachers_similarities(tmp_path):
     assert np.corrcoef(t, zhie.load(tmp_path / "s" / "best").similarity(a, b))[0, 1] >= 0.99  # cut alone: 0.987
 
 
-def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, tmp_path):
+@pytest.mark.parametrize("head", ["gp", "egp"])
+def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, tmp_path, head):
     from zhie.deploy.export import export
 
     teacher = trained("ner-gp")
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
                     unlabelled=[ner_files / "unlabelled.txt"], student="conv", encoder_layers=3, width=64,
-                    config=_config(8), progress=False)
+                    head=head, config=_config(8), progress=False)
     student = zhie.load(tmp_path / "s" / "best")
-    assert student.model.encoder.config.model_type == "zhie_conv"
+    assert student.model.encoder.config.model_type == "zhie_conv" and student.task.config.head == head
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
     export(tmp_path / "s" / "best", tmp_path / "onnx")
@@ -226,3 +227,11 @@ def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, 
     assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
         [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
     assert all(abs(a.score - b.score) < 1e-4 for r, q in zip(onnx, torch_rows) for a, b in zip(r, q))
+
+
+def test_a_student_head_must_give_the_teachers_output_type_and_a_cut_keeps_its_head(ner_files, tmp_path):
+    teacher = trained("ner-gp")
+    for student, head, message in (("conv", "crf", "same output type"), ("cut", "egp", "keeps the teacher's gp")):
+        with pytest.raises(ValueError, match=message):
+            distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / student, student=student,
+                            encoder_layers=1, head=head, config=_config(1), progress=False)

@@ -160,14 +160,16 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
+                    head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
-    """Distil the model directories ``teachers`` (one, or seeds of one training) into a student (``student``, see
-    :func:`student_model`: ``"cut"`` keeps the teacher layers of :func:`student_layers`, ``keep_layers`` and
-    ``encoder_layers``; ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width``
-    over the teacher's embeddings), trained on the labelled ``train_path``
-    and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to ``out/best``. Returns the
-    loop's summary. See the module's docstring for the recipe."""
+    """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
+    labelled ``train_path`` and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to
+    ``out/best``. Returns the loop's summary. See the module's docstring for the recipe.
+
+    ``student`` (:func:`student_model`): ``"cut"`` keeps the teacher layers of :func:`student_layers`
+    (``keep_layers``, ``encoder_layers``); ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default
+    4) of ``width`` over the teacher's embeddings, with ``head`` (:func:`other_head`) if given."""
     if not 0 <= hard_weight <= 1:
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
@@ -190,11 +192,14 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         raise ValueError(f"--student {student}: choose one of {', '.join(STUDENTS)}")
     kept = student_layers(keep_layers, encoder_layers, total) if student == "cut" else None
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
+    if head is not None and head != getattr(student_task.config, "head", None):
+        student_task = other_head(student_task, head, resolve_model_dir(teachers[0]), student)
 
     out = Path(out)
     files = {"train": str(train_path), **({"dev": str(dev)} if dev is not None else {}),
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
+              "head": getattr(student_task.config, "head", None),
               **({"kept_layers": kept} if student == "cut" else {"conv_layers": encoder_layers or 4, "width": width}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
@@ -232,6 +237,25 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if is_main_process():
         finish(out / "best", result, student_task.describe())
     return result
+
+
+HEAD_FAMILIES = ({"gp", "egp"}, {"crf", "softmax"})  # heads of one output type: span logits, tag emissions
+
+
+def other_head(task, head: str, directory: Path, student: str):
+    """The teacher's ``task`` with the head ``head`` instead of its own, which must give the same output type (the
+    student learns from the teacher's outputs); its files (a segmenter's vocabulary) read from ``directory``. A cut
+    student keeps the teacher's head weights, so it cannot change head."""
+    own = task.config.head
+    if not any({own, head} <= family for family in HEAD_FAMILIES):
+        raise ValueError(f"--head {head}: a student of a {own} teacher takes a head of the same output type "
+                         f"({' or '.join(sorted(next(f for f in HEAD_FAMILIES if own in f)))})")
+    if student == "cut":
+        raise ValueError(f"--head {head}: a cut student keeps the teacher's {own} head; use --student conv for "
+                         "another head, or leave out --head")
+    other = type(task)(dataclasses.replace(task.config, head=head), task.tokenizer)
+    other.load_files(directory)
+    return other
 
 
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
