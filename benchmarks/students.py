@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
+import subprocess
 import sys
 import time
 from datetime import date
@@ -40,23 +42,39 @@ def wiki_sentences(n: int) -> list[str]:
     return out
 
 
+def teachers(args, out: Path) -> list[Path]:
+    """The teacher directories; with ``--train-teacher ARGS``, one that does not exist (a fresh machine keeps no model
+    of an earlier session) is trained first by ``benchmarks/ner.py ARGS`` into ``OUT/teacher`` (the same command as
+    the teacher's own campaign row: the same seed gives the same model on the same machine)."""
+    found = []
+    for teacher in map(Path, args.teacher):
+        if not teacher.exists() and args.train_teacher:
+            subprocess.run([sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(args.train_teacher),
+                            "--out", str(out / "teacher")], check=True)
+            teacher = out / "teacher" / teacher.relative_to(teacher.parents[1])
+        found.append(teacher)
+    return found
+
+
 def run(args) -> dict:
     train, dev, test = (DATA / p for p in SETS[args.dataset])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    teacher_dirs = teachers(args, out)
     unlabelled = out / "unlabelled.txt"
     texts = read_texts(test) + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every)
     start = time.time()
-    result = distill_student([Path(t) for t in args.teacher], train, out=out / "student", dev=dev,
+    result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
                              student=args.student, width=args.width, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
-    return {"dataset": args.dataset, "teachers": args.teacher, "student": args.student, "layers": args.layers,
+    return {"dataset": args.dataset, "teachers": [str(t) for t in teacher_dirs], "student": args.student,
+            "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student == "conv" else None, "head": args.head,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
@@ -72,6 +90,9 @@ def run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", action="append", required=True, help="teacher model directory; repeat: ensemble")
+    p.add_argument("--train-teacher", default=None, metavar="ARGS",
+                   help="benchmarks/ner.py's arguments that train a --teacher that does not exist (its last two path "
+                        "parts, e.g. cluener-gp/best, are kept under OUT/teacher)")
     p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
