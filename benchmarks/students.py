@@ -42,25 +42,23 @@ def wiki_sentences(n: int) -> list[str]:
     return out
 
 
-def teachers(args, out: Path) -> list[Path]:
+def teachers(args) -> list[Path]:
     """The teacher directories; with ``--train-teacher ARGS``, one that does not exist (a fresh machine keeps no model
-    of an earlier session) is trained first by ``benchmarks/ner.py ARGS`` into ``OUT/teacher`` (the same command as
-    the teacher's own campaign row: the same seed gives the same model on the same machine)."""
-    found = []
+    of an earlier session) is trained first by ``benchmarks/ner.py ARGS --out`` the directory two levels above it
+    (``RUN/cluener-gp/best`` -> ``RUN``: the teacher row's own run directory, where the next student row finds it),
+    with the teacher row's command: the same seed gives the same model on the same machine."""
     for teacher in map(Path, args.teacher):
         if not teacher.exists() and args.train_teacher:
             subprocess.run([sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(args.train_teacher),
-                            "--out", str(out / "teacher")], check=True)
-            teacher = out / "teacher" / teacher.relative_to(teacher.parents[1])
-        found.append(teacher)
-    return found
+                            "--out", str(teacher.parents[1])], check=True)
+    return [Path(t) for t in args.teacher]
 
 
 def run(args) -> dict:
     train, dev, test = (DATA / p for p in SETS[args.dataset])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    teacher_dirs = teachers(args, out)
+    teacher_dirs = teachers(args)
     unlabelled = out / "unlabelled.txt"
     texts = read_texts(test) + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
@@ -91,8 +89,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", action="append", required=True, help="teacher model directory; repeat: ensemble")
     p.add_argument("--train-teacher", default=None, metavar="ARGS",
-                   help="benchmarks/ner.py's arguments that train a --teacher that does not exist (its last two path "
-                        "parts, e.g. cluener-gp/best, are kept under OUT/teacher)")
+                   help="benchmarks/ner.py's arguments that train a --teacher that does not exist (into the directory "
+                        "two levels above it: RUN/cluener-gp/best is trained with --out RUN)")
     p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
