@@ -319,6 +319,65 @@ def campaign_mtmt_table(section: str = "b/") -> str:
     return "\n".join(lines)
 
 
+def students_table(section: str = "s/") -> str:
+    """The campaign's student rows: dev F1 per epoch and training time per epoch, against their teacher's."""
+    lines = ["| row | student | unlabelled texts | dev F1 (per epoch) | s per epoch | train tok/s |",
+             "|---|---|---:|---|---|---:|"]
+    for line in rows("campaign.jsonl"):
+        if not line["key"].startswith(section):
+            continue
+        for r in line["results"]:
+            if "student" in r:
+                kind = (f"{r['layers']} layers ({r['keep_layers']})" if r["student"] == "cut" else
+                        f"conv {r['layers']} x {r['width']}" + (f", {r['head']}" if r.get("head") else ""))
+                steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
+            else:  # the teacher's row (benchmarks/ner.py)
+                kind, steps = f"teacher, 12 layers, {r['head']}", None
+                r = {**r, "unlabelled_texts": 0}
+            lines.append(f"| {line['key']} | {kind} | {r['unlabelled_texts']:,} | **{pct(r['dev_f1'])}** ("
+                         + ", ".join(pct(f) for f in r["f1_per_epoch"]) + ") | "
+                         + (", ".join(f"{x:.0f}" for x in steps) if steps else "–")
+                         + f" | {r['train_tokens_per_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def tradeoff_table() -> str:
+    """``benchmarks/tradeoff.py``'s rows: F1 against speed through ``zhie predict``, per model and variant."""
+    lines = ["| model | variant | layers | dev F1 | sentences/s | characters/s | cold start s | peak RSS MB | size MB "
+             "| encoder % of peak | load before / after | date |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in rows("tradeoff.jsonl"):
+        share = r.get("encoder_share_of_peak")
+        lines.append(f"| {r['model']} | {r['variant']} | {r['layers'] or '–'} | {pct(r['dev_f1'])} | "
+                     f"**{r['sentences_per_s']:,.0f}** | {r['characters_per_s']:,.0f} | {r['cold_start_s']:.2f} | "
+                     f"{r['peak_rss_mb']} | {r['size_mb']:g} | {'–' if share is None else f'{100 * share:.0f}'} | "
+                     f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f} | {r['date']} |")
+    return "\n".join(lines)
+
+
+def tradeoff_plot(path: Path) -> None:
+    """Dev F1 against sentences/s (log scale) of every tradeoff row, one marker per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for variant, marker in (("torch", "s"), ("fp32", "o"), ("int8", "^")):
+        rs = [r for r in rows("tradeoff.jsonl") if r["variant"] == variant]
+        ax.scatter([r["sentences_per_s"] for r in rs], [100 * r["dev_f1"] for r in rs], marker=marker, label=variant)
+        for r in rs:
+            ax.annotate(r["model"], (r["sentences_per_s"], 100 * r["dev_f1"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("CLUENER sentences/s through zhie predict, 2 CPU cores (log scale)")
+    ax.set_ylabel("dev F1")
+    ax.legend(title="variant")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 if __name__ == "__main__":
     campaign_multitask = [r for line in rows("campaign.jsonl") if line["key"].startswith("e/") for r in line["results"]]
     print("## NER\n\n" + ner_table() + "\n\n" + ner_seeds_table() + "\n\n" + speed_table() + "\n\n" + hf_table() +
@@ -328,4 +387,6 @@ if __name__ == "__main__":
           "\n\n## Multi-task\n\n" + multitask_table(rows("multitask.jsonl")) +
           "\n\n## Pre-training\n\n" + pretrain_tables() +
           "\n\n## Campaign (issue 23)\n\n" + "\n\n".join(campaign_ner_table(s) for s in ("a/", "c/", "d/")) +
-          "\n\n" + campaign_mtmt_table() + "\n\n" + multitask_table(campaign_multitask))
+          "\n\n" + campaign_mtmt_table() + "\n\n" + multitask_table(campaign_multitask) +
+          "\n\n## Students and the trade-off (issue 35)\n\n" + students_table() + "\n\n" + tradeoff_table())
+    tradeoff_plot(RESULTS / "tradeoff.png")
