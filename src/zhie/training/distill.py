@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from zhie.core.files import atomic_write_text
 from zhie.core.text import TextTokenizer
 from zhie.data import FORMATS, read_ner
 from zhie.data.base import read_texts
@@ -38,7 +37,7 @@ from zhie.tasks.xner import XnerEvaluatorTask, pair_inputs, selected_rows, word_
 
 from .config import TrainConfig
 from .loop import train
-from .record import finish, run_record, saver
+from .record import finish, run_record, saver, write_summary
 
 __all__ = ["add_command", "cmd_distill", "distill"]
 
@@ -186,10 +185,7 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
                "target_words": n_words, "pairs": len(items), "same_tag_pairs": sum(same for _, _, same in chosen),
                **objective.switches, "balanced": balanced, "head_lr": config.head_lr}
     if is_main_process():
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
-        if progress:
-            print(json.dumps(summary, ensure_ascii=False))
+        write_summary(out / "distill.json", summary, progress)
     evaluator = Evaluator(student, dev_examples) if dev_examples is not None else None
     files = {"target": str(target), **({"dev": str(dev)} if dev is not None else {})}  # the teachers: in options
     record = run_record(files, encoder=str(encoder), config=config, options=summary) if is_main_process() else {}

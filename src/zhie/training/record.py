@@ -77,6 +77,15 @@ def run_record(files: dict[str, str], *, encoder: str, config, options: dict) ->
             "machine": machine()}
 
 
+def write_summary(path: Path, summary: dict, progress: bool) -> None:
+    """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and print
+    it on one line when ``progress``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(summary, ensure_ascii=False, indent=2))
+    if progress:
+        print(json.dumps(summary, ensure_ascii=False))
+
+
 def saver(task, record: dict, evaluator=None) -> Callable:
     """The loop's ``save_best`` for a run of ``task`` that ``record`` (:func:`run_record`) describes: the task saves
     the model with its record, the time and the dev metrics of the evaluation that just chose it (``evaluator``, an

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from zhie import encoders
-from zhie.core.files import atomic_write, atomic_write_text
+from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
 from zhie.model import Ensemble, Model
@@ -42,7 +41,7 @@ from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_di
 
 from .config import TrainConfig
 from .loop import train
-from .record import file_facts, finish, run_record, saver
+from .record import file_facts, finish, run_record, saver, write_summary
 
 __all__ = ["DistillObjective", "distill_student", "student_layers"]
 
@@ -218,10 +217,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "distill.json", json.dumps(summary, ensure_ascii=False, indent=2))
-        if progress:
-            print(json.dumps(summary, ensure_ascii=False))
+        write_summary(out / "distill.json", summary, progress)
     evaluator = Evaluator(student_task, dev_examples) if dev_examples is not None else None
     record = run_record(files, encoder=str(teachers[0]), config=config,
                         options={"distilled_from": recipe}) if is_main_process() else {}
