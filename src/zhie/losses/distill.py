@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from zhie.losses import soft_multilabel_categorical_crossentropy
+from zhie.losses import MASKED_LOGIT_THRESHOLD, soft_multilabel_categorical_crossentropy
 
 __all__ = ["SPAN_MIN_PROB", "dense_targets", "similarity_matrix_loss", "soft_cells", "span_soft_loss", "stack_cells",
            "tag_soft_loss"]
@@ -66,7 +66,7 @@ def span_soft_loss(logits: Tensor, target: Tensor, temperature: float = 1.0) -> 
     ``logits``), times ``T²``; masked cells (the head's mask value) count for nothing."""
     b, h, n, _ = logits.shape
     s = logits.float()
-    scaled = torch.where(s > -1e4, s / temperature, s)  # keep masked cells masked
+    scaled = torch.where(s > MASKED_LOGIT_THRESHOLD, s / temperature, s)  # keep masked cells masked
     loss = soft_multilabel_categorical_crossentropy(scaled.reshape(b, h, n * n), target.reshape(b, h, n * n))
     return loss * temperature ** 2
 

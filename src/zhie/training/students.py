@@ -123,9 +123,9 @@ def teacher_identity(teachers: list[str | os.PathLike], files: dict[str, str], s
 def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
                     progress: bool = False) -> list:
     """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order; batches
-    of similar length."""
+    of similar length where the task's items have ``ids`` (``group_by_length``), else in item order."""
     task, model = teacher.task, teacher.model
-    lengths = [len(it.ids) if task.group_by_length else max(len(it.a), len(it.b)) for it in items]
+    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
     targets: list = [None] * len(items)
     batches = list(sorted_batches(lengths, batch_size))
     for k, idx in enumerate(batches):
