@@ -77,3 +77,9 @@ def once(directory: Path, fn, *args, **kwargs) -> dict:
     directory.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(result, ensure_ascii=False))
     return result
+
+
+def trained_with(out: Path) -> dict:
+    """The batch size and learning rates the run trained with (zhie's defaults resolved), from its training.json."""
+    config = json.loads((out / "best" / "training.json").read_text(encoding="utf-8"))["train_config"]
+    return {k: config[k] for k in ("batch_size", "lr", "head_lr")}

@@ -79,7 +79,7 @@ def train_tiny(dataset: str, out: Path, sentences: int, epochs: int) -> Path:
     train, dev = dataset_files(dataset, out)
     out.mkdir(parents=True, exist_ok=True)
     write_ner_jsonl(read_ner(train)[:sentences], out / "train.jsonl")
-    config = TrainConfig(epochs=epochs, batch_size=32, lr=1e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=epochs, batch_size=32, lr=1e-3, head_lr=1e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("ner", out / "train.jsonl", dev, out=out / "run", encoder="tiny", head="gp", max_length=128,
              config=config, resume=False, progress=False)
     return out / "run" / "best"

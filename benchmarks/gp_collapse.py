@@ -89,7 +89,8 @@ def run(name: str, spec: dict, examples: list, epochs: int, batch_size: int, see
         every: int, dev: list | None = None) -> dict:
     head_kind = spec["head"]
     overrides = {k: spec[k] for k in ("head_lr", "max_grad_norm", "warmup", "weight_decay") if k in spec}
-    config = TrainConfig(epochs=epochs, batch_size=batch_size, lr=spec["lr"], seed=seed, **overrides)
+    config = TrainConfig(epochs=epochs, batch_size=batch_size, lr=spec["lr"], seed=seed,
+                         **{"head_lr": spec["lr"], **overrides})
     cls = NerTask
     task_config = cls.configure(examples, encoder="tiny", head=head_kind)
     enc, tokenizer = prepare_encoder("tiny", texts=cls.texts(examples), mode="char", seed=seed)

@@ -76,7 +76,7 @@ def f1_of(model_dir: Path, dev: Path) -> dict:
 
 def run_seed(args, seed: int, files: dict[str, Path], encoder: Path, base: dict) -> None:
     out = args.out / f"seed{seed}"
-    teacher = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=seed,
+    teacher = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.lr, seed=seed,
                           save_every=args.save_every)
     word_ner = {"format": "jsonl", "mode": "word", "head": "softmax", "max_length": args.max_length}
 
@@ -103,7 +103,8 @@ def run_seed(args, seed: int, files: dict[str, Path], encoder: Path, base: dict)
                        out / "supervised", **word_ner)
             record("supervised", {k: v for k, v in sup.items() if k != "seconds"}, sup["seconds"])
             continue
-        student = TrainConfig(epochs=args.student_epochs, batch_size=args.batch_size, lr=args.student_lr, seed=seed,
+        student = TrainConfig(epochs=args.student_epochs, batch_size=args.batch_size, lr=args.student_lr,
+                              head_lr=args.student_lr, seed=seed,
                               save_every=args.save_every)
 
         def distil_and_score(system=system, student=student) -> dict:

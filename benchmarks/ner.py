@@ -11,14 +11,16 @@ Datasets are read from ../shared/data; People's Daily is split here into a fixed
 from __future__ import annotations
 
 import argparse
+import json
 import random
+import subprocess
 import sys
 import time
 from datetime import date
 from pathlib import Path
 
 import torch
-from common import DATA, append_result, machine, machine_lock, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb, trained_with
 from roofline import flops_per_token, matmul_peak, roofline, window_tokens
 
 import zhie
@@ -64,6 +66,27 @@ def prediction_speed(model_dir: Path, texts: list[str], batch_size: int) -> dict
             **roofline(flops_per_token(pipe.model.encoder.config, tokens), sum(tokens) / total, peak)}
 
 
+def cli_command(args, train_file: Path, dev_file: Path, out: Path) -> list[str]:
+    """``zhie train ner`` with this run's settings, as a user would type it: the flags whose values differ from
+    ``zhie train``'s defaults only (so a run with no --lr/--head-lr/--batch-size trains with zhie's defaults)."""
+    command = [sys.executable, "-m", "zhie", "train", "ner", "--train", str(train_file), "--dev", str(dev_file),
+               "--out", str(out), "--head", args.head, "--epochs", str(args.epochs), "--seed", str(args.seed),
+               "--encoder", args.encoder, "--max-length", str(args.max_length)]
+    given = {"--lr": args.lr, "--head-lr": args.head_lr, "--encoder-layers": args.encoder_layers,
+             "--max-steps": args.max_steps, "--ema": args.ema, "--adversarial": args.adversarial,
+             "--adv-epsilon": args.adv_epsilon, "--rdrop": args.rdrop, "--llrd": args.llrd,
+             "--precision": args.precision,
+             "--crf-lr-multiplier": args.crf_lr_multiplier if args.head == "crf" else None}
+    if args.batch_size != TrainConfig.batch_size:
+        given["--batch-size"] = args.batch_size
+    command += [str(v) for flag, value in given.items() if value is not None for v in (flag, value)]
+    if args.head in ("crf", "softmax"):
+        command.append("--flatten")
+    if not args.gp_prior_init:
+        command.append("--no-gp-prior-init")
+    return command + (["--quiet"] if args.quiet else [])
+
+
 def options(args) -> dict:
     """The training options of issue 17 that this run sets (left out: zhie's defaults)."""
     names = ("ema", "adversarial", "adv_epsilon", "rdrop", "llrd", "precision")
@@ -76,20 +99,24 @@ def run(args) -> dict:
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, max_steps=args.max_steps, save_every=args.save_every, **options(args))
     start = time.time()
-    result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
-                      max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
-                      crf_lr_multiplier=args.crf_lr_multiplier, gp_prior_init=args.gp_prior_init,
-                      encoder_layers=args.encoder_layers, config=config,
-                      resume=True, progress=not args.quiet)
+    if args.cli:
+        subprocess.run(cli_command(args, train_file, dev_file, out), check=True)
+        result = {"best": json.loads((out / "best" / "training.json").read_text(encoding="utf-8"))["dev"]}
+    else:
+        result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
+                          max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
+                          crf_lr_multiplier=args.crf_lr_multiplier, gp_prior_init=args.gp_prior_init,
+                          encoder_layers=args.encoder_layers, config=config,
+                          resume=True, progress=not args.quiet)
     train_s = time.time() - start
     history = read_metrics(out / "metrics.jsonl")
     dev_texts = [ex.text for ex in read_ner(dev_file)]
     row = {
         "dataset": args.dataset, "head": args.head, "encoder": args.encoder,
         "encoder_layers": args.encoder_layers or "all", "epochs": args.epochs, "max_length": args.max_length,
-        "batch_size": args.batch_size, "lr": args.lr, "head_lr": args.head_lr,
+        **trained_with(out),
         "crf_lr_multiplier": args.crf_lr_multiplier if args.head == "crf" else None, "seed": args.seed,
-        "options": options(args),
+        "options": options(args), "trained_by": "zhie train" if args.cli else "zhie.fit",
         "dev_f1": result["best"].get("f1"), "dev_precision": result["best"].get("precision"),
         "dev_recall": result["best"].get("recall"), "f1_per_epoch": [h["dev"].get("f1") for h in history],
         "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history), "train_s": round(train_s),
@@ -134,10 +161,10 @@ def main() -> None:
     p.add_argument("--encoder-layers", type=int, default=None)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--head-lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=None, help="default: zhie train's (2e-4 for e5-small)")
+    p.add_argument("--head-lr", type=float, default=None, help="default: zhie train's (10 x --lr)")
     p.add_argument("--crf-lr-multiplier", type=float, default=100.0)
     p.add_argument("--no-gp-prior-init", dest="gp_prior_init", action="store_false",
                    help="gp: bert4keras's zero start, as the GP rows before 2026-11-23 were trained")
@@ -156,6 +183,9 @@ def main() -> None:
     p.add_argument("--speed", action="store_true", help="prediction speed of --model on the dev set")
     p.add_argument("--model", default=None)
     p.add_argument("--n", type=int, default=1000, help="texts for --compare-hf")
+    p.add_argument("--cli", action="store_true",
+                   help="train through `zhie train ner` (as a user would; no --save-every there: it checkpoints at "
+                        "each epoch end) instead of zhie.fit")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args()
     if args.speed:  # prediction speed of a trained model alone (training runs in parallel share the device)

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from common import DATA, append_result, machine, machine_lock, peak_memory_mb
+from common import DATA, append_result, machine, machine_lock, peak_memory_mb, trained_with
 
 import zhie
 from zhie.core.text import windows
@@ -56,8 +56,8 @@ def train_run(args) -> dict:
                       encoder=args.encoder, head=args.variant, max_length=args.max_length,
                       config=config, resume=True, progress=not args.quiet)
     history = read_metrics(out / "metrics.jsonl")
-    return {"run": "train", "variant": args.variant, "epochs": args.epochs, "batch_size": args.batch_size,
-            "lr": args.lr, "head_lr": args.head_lr, "ema": args.ema, "max_length": args.max_length,
+    return {"run": "train", "variant": args.variant, "epochs": args.epochs, **trained_with(out),
+            "ema": args.ema, "max_length": args.max_length,
             **{f"dev_{k}": result["best"].get(k) for k in ("f1", "precision", "recall", "entity_f1")},
             "f1_per_epoch": [h["dev"].get("f1") for h in history],
             "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history),
@@ -185,10 +185,10 @@ def main() -> None:
     p.add_argument("--encoder", default="e5-small")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
     p.add_argument("--eval-batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-4)
-    p.add_argument("--head-lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=None, help="default: zhie train's (2e-4 for e5-small)")
+    p.add_argument("--head-lr", type=float, default=None, help="default: zhie train's (10 x --lr)")
     p.add_argument("--ema", type=float, default=None)
     p.add_argument("--max-length", type=int, default=256)
     p.add_argument("--per-cell-windows", type=int, default=50, help="windows decoded by the per-cell decoder")

@@ -34,7 +34,7 @@ def tiny_model(work: Path) -> Path:
         return work / "run" / "best"
     train, dev = demo.write_corpus(work / "data", n_train=200, n_dev=40)
     zhie.fit("ner", train, dev, out=work / "run", encoder="tiny", head="gp", max_length=64,
-             config=TrainConfig(epochs=1, batch_size=16, lr=2e-3, seed=0), resume=False, progress=False)
+             config=TrainConfig(epochs=1, batch_size=16, lr=2e-3, head_lr=2e-3, seed=0), resume=False, progress=False)
     return work / "run" / "best"
 
 

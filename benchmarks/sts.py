@@ -54,7 +54,8 @@ def main() -> None:
         row.update({"loss": "none (untrained)", "spearman": spearman})
     else:
         out = Path(args.out) / f"sts-{args.dataset}-{args.loss}"
-        config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+        config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.lr,
+                             seed=args.seed)
         start = time.time()
         result = zhie.fit("sts", train_file, valid_file, out=out, encoder=args.encoder, loss=args.loss,
                           pooling=args.pooling, max_length=args.max_length, config=config, resume=True,

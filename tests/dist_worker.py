@@ -98,7 +98,8 @@ def toy_run(out: Path, resume: bool, interrupt_at: int | None = None) -> dict[st
         return ((m(batch["x"]) - batch["y"]) ** 2).mean()
 
     train(model, **data, loss_fn=loss_fn,
-          config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0, warmup=0.0, save_every=1), out_dir=out,
+          config=TrainConfig(epochs=1, batch_size=8, lr=1e-2,
+                             head_lr=1e-2, seed=0, warmup=0.0, save_every=1), out_dir=out,
           resume=resume, progress=False)
     return model.state_dict()
 
@@ -123,7 +124,7 @@ def evaluate(out: str) -> dict:
 
     model, data = toy_data()
     summary = train(model, **data, loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
-                    config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, seed=0), out_dir=Path(out),
+                    config=TrainConfig(epochs=1, batch_size=8, lr=1e-2, head_lr=1e-2, seed=0), out_dir=Path(out),
                     evaluate=slow_evaluation, resume=False, progress=False)
     torch.distributed.destroy_process_group()
     return {"evaluations": len(calls), "summary": summary}
@@ -151,7 +152,8 @@ def record_writes(out: Path) -> list[str]:
 def ner(train: str, dev: str, encoder: str, out: str, batch_size: str) -> dict:
     writes = record_writes(Path(out).resolve())
     summary = zhie.fit("ner", train, dev, out=out, encoder=encoder, head="gp", resume=False, progress=False,
-                       config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, seed=0, warmup=0.0))
+                       config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3,
+                                          head_lr=1e-3, seed=0, warmup=0.0))
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     return {"summary": summary, "writes": writes}
@@ -167,7 +169,7 @@ def pretrain(out: str, *args: str) -> dict:
 
 def multitask(config: str, out: str) -> dict:
     summary = zhie.fit("multitask", out=out, encoder="tiny", config_file=config, resume=False, progress=False,
-                       config=TrainConfig(max_steps=6, batch_size=4, lr=1e-3, seed=0, warmup=0.0))
+                       config=TrainConfig(max_steps=6, batch_size=4, lr=1e-3, head_lr=1e-3, seed=0, warmup=0.0))
     torch.distributed.destroy_process_group()
     return {"summary": summary}
 
@@ -176,7 +178,7 @@ def distill(recognizer: str, evaluator: str, target: str, encoder: str, out: str
     from zhie.training.distill import distill as mtmt
 
     summary = mtmt(recognizer, evaluator, target, out=out, format="wikiann", encoder=encoder, pairs=64, balanced=False,
-                   config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, seed=0, warmup=0.0),
+                   config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, head_lr=1e-3, seed=0, warmup=0.0),
                    head_lr_ratio=1.0, resume=False, progress=False)
     torch.distributed.destroy_process_group()
     return {"summary": summary}

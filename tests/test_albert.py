@@ -65,7 +65,7 @@ def test_ner_trains_on_an_unshared_albert(tmp_path):
     write_ner_jsonl(demo.make_corpus(32, seed=0), tmp_path / "train.jsonl")
     zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run",
              encoder=str(tmp_path / "albert"), unshare_layers=True, head="crf",
-             config=TrainConfig(epochs=1, batch_size=16, lr=1e-3), resume=False, progress=False)
+             config=TrainConfig(epochs=1, batch_size=16, lr=1e-3, head_lr=1e-3), resume=False, progress=False)
     pipe = zhie.load(tmp_path / "run")
     assert isinstance(pipe.model.encoder, ElectraModel) and len(pipe.model.encoder.encoder.layer) == 3
     assert len(pipe.predict([demo.SAMPLES[0]])) == 1

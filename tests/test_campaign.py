@@ -35,7 +35,7 @@ checkpoint = out / "run" / "checkpoint.pt"
 if checkpoint.exists():
     import torch
     print("resumed at step", torch.load(checkpoint, weights_only=False)["progress"]["step"], file=sys.stderr)
-config = TrainConfig(epochs=3, batch_size=4, lr=2e-3, seed=int(sys.argv[4]), save_every=1)
+config = TrainConfig(epochs=3, batch_size=4, lr=2e-3, head_lr=2e-3, seed=int(sys.argv[4]), save_every=1)
 result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder="tiny", head="gp",
                   max_length=32, config=config, resume=True, progress=False)
 history = read_metrics(out / "run" / "metrics.jsonl")

@@ -146,7 +146,7 @@ def ner(tmp_path_factory):
     out = tmp_path_factory.mktemp("conv-ner")
     write_ner_jsonl(nested_corpus(160, seed=1), out / "train.jsonl")
     write_ner_jsonl(nested_corpus(40, seed=2), out / "dev.jsonl")
-    config = TrainConfig(epochs=6, batch_size=16, lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=6, batch_size=16, lr=2e-3, head_lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
     result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder=SPEC, head="gp",
                       max_length=64, config=config, resume=False, progress=False)
     return result, out / "run" / "best"

@@ -93,7 +93,7 @@ def sxu_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("cws")
     sample = read_segmented(SXU / "train.txt")[:200]
     write_segmented(sample, out / "train.txt")
-    config = TrainConfig(epochs=8, batch_size=16, lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=8, batch_size=16, lr=3e-3, head_lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("cws", out / "train.txt", out / "train.txt", out=out / "run", encoder="tiny", head="crf", max_length=128,
               config=config, resume=False, progress=False)
     return out

@@ -60,7 +60,8 @@ def test_every_task_trains_and_predicts_on(family, data, tmp_path):
     for task, (file, options) in TASKS.items():
         out = tmp_path / task
         zhie.fit(task, data / file, data / file, out=out, encoder=spec, max_length=64,
-                 config=TrainConfig(epochs=1, batch_size=8, lr=1e-3), resume=False, progress=False, **options)
+                 config=TrainConfig(epochs=1, batch_size=8, lr=1e-3,
+                                    head_lr=1e-3), resume=False, progress=False, **options)
         pipe = zhie.load(out)
         assert type(pipe.model.encoder).__name__ == cls, task
         text = "王芳在北京的远华公司工作。"
@@ -77,7 +78,8 @@ def test_own_encoders_learn_a_small_ner_sample(spec, tmp_path):
     corpus = demo.make_corpus(48, seed=1)
     write_ner_jsonl(corpus, tmp_path / "train.jsonl")
     zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder=spec,
-             head="crf", config=TrainConfig(epochs=12, batch_size=8, lr=3e-3, seed=0), resume=False, progress=False)
+             head="crf", config=TrainConfig(epochs=12, batch_size=8, lr=3e-3,
+                                            head_lr=3e-3, seed=0), resume=False, progress=False)
     assert zhie.load(tmp_path / "run").evaluate(corpus)["micro"]["f1"] >= 0.9
 
 

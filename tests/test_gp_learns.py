@@ -54,7 +54,7 @@ def test_each_head_learns_the_200_sentence_sample(head, lr, sample, held_out, tm
     write_ner_jsonl(held_out, tmp_path / "held_out.jsonl")
     # the command (batch 16, lr for encoder and head alike, the CLI's warm-up 0.1), fewer epochs; the one
     # evaluation, at the end, is on the held-out sentences (it picks nothing)
-    config = TrainConfig(epochs=EPOCHS[head], batch_size=16, lr=lr, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=EPOCHS[head], batch_size=16, lr=lr, head_lr=lr, seed=0, eval_every=10**9)
     summary = zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "held_out.jsonl", out=tmp_path / "run",
                        encoder="tiny", head=head, config=config, resume=False, progress=False)
     metrics = zhie.load(tmp_path / "run").evaluate(sample)

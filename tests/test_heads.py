@@ -331,7 +331,7 @@ def _train_crf(multiplier: float, steps: int = 3):
     crf = CRF(L, lr_multiplier=multiplier)
     assert crf.lr_multipliers() == dict.fromkeys(["transitions", "start_transitions", "end_transitions"], multiplier)
     optimizer = torch.optim.AdamW(build_param_groups(nn.ModuleDict({"encoder": encoder, "crf": crf}),
-                                                     TrainConfig(lr=1e-3, weight_decay=0.0)))
+                                                     TrainConfig(lr=1e-3, head_lr=1e-3, weight_decay=0.0)))
     g = torch.Generator().manual_seed(1)
     x = torch.randn(16, 6, 8, generator=g)
     tags = torch.randint(0, L, (16, 6), generator=g)

@@ -238,7 +238,7 @@ def teachers(tmp_path_factory, encoder_dir):
     (d / "src.txt").write_text(corpus(80, 1), encoding="utf-8")
     (d / "dev.txt").write_text(corpus(30, 3), encoding="utf-8")
     (d / "tgt.txt").write_text(corpus(80, 2), encoding="utf-8")
-    config = TrainConfig(epochs=6, batch_size=16, lr=5e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=6, batch_size=16, lr=5e-3, head_lr=5e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("ner", d / "src.txt", d / "dev.txt", out=d / "rec", encoder=str(encoder_dir), format="wikiann",
              mode="word", head="softmax", max_length=32, config=config, resume=False, progress=False)
     assert main(["train", "xner-evaluator", "--train", str(d / "src.txt"), "--dev", str(d / "dev.txt"),
@@ -265,7 +265,8 @@ def tags_of(pipe, texts: list[str]) -> list[int]:
 
 def test_a_tiny_student_copies_its_teacher(teachers, encoder_dir, tmp_path):
     distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", out=tmp_path / "student", format="wikiann",
-            encoder=str(encoder_dir), pairs=320, config=TrainConfig(epochs=3, batch_size=16, lr=5e-3, warmup=0.05,
+            encoder=str(encoder_dir), pairs=320, config=TrainConfig(epochs=3, batch_size=16, lr=5e-3,
+                                                                    head_lr=5e-3, warmup=0.05,
                                                                   seed=0), resume=False, progress=False)
     texts = [ex.text for ex in read_ner(teachers / "dev.txt", "wikiann")]
     teacher, student = tags_of(zhie.load(teachers / "rec"), texts), tags_of(zhie.load(tmp_path / "student"), texts)

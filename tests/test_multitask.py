@@ -312,7 +312,7 @@ def test_sampled_training_takes_the_drawn_members_each_with_its_own_loss(made_up
     those drawn from the run's seed, counted in ``task_batches``."""
     config = multitask_config(made_up, tmp_path, 'scheme = "equal"', sampling='mode = "proportional"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
-             config=TrainConfig(max_steps=8, batch_size=4, lr=1e-3, seed=3), resume=False, progress=False)
+             config=TrainConfig(max_steps=8, batch_size=4, lr=1e-3, head_lr=1e-3, seed=3), resume=False, progress=False)
     (record,) = read_metrics(tmp_path / "run/metrics.jsonl")
     rows = record["per_batch"]
     task, _, _ = built(config, seed=3)
@@ -389,7 +389,7 @@ def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
 def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(data_dir, tmp_path):
     config = _config(data_dir, tmp_path, "mgda", extra='gradients = "encoder-output"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
-             config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3), resume=False, progress=False)
+             config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3, head_lr=1e-3), resume=False, progress=False)
     rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 3 and all(sum(row["weights"].values()) == pytest.approx(1, abs=1e-5) for row in rows)
     assert zhie.load(tmp_path / "run").task.config.gradients == "encoder-output"

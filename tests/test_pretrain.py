@@ -280,7 +280,7 @@ def test_a_pretrained_directory_trains_a_zhie_task(encoder, cls, corpus, tmp_pat
     ner = tmp_path / "ner.jsonl"
     write_ner_jsonl(demo.make_corpus(12, seed=0), ner)
     zhie.fit("ner", ner, ner, out=tmp_path / "ner", encoder=str(tmp_path / "encoder"), head="gp", max_length=64,
-             config=TrainConfig(epochs=1, batch_size=8, lr=1e-3), resume=False, progress=False)
+             config=TrainConfig(epochs=1, batch_size=8, lr=1e-3, head_lr=1e-3), resume=False, progress=False)
     pipe = zhie.load(tmp_path / "ner")
     assert type(pipe.model.encoder).__name__ == cls
     text = "王芳在北京的远华公司工作。"
@@ -359,7 +359,7 @@ def test_a_zhie_cws_model_is_a_segmenter_and_other_models_are_refused(lines, tok
 
     write_segmented(read_segmented(DATA / "cws/sxu/train.txt")[:48], tmp_path / "cws.txt")
     zhie.fit("cws", tmp_path / "cws.txt", tmp_path / "cws.txt", out=tmp_path / "cws", encoder="tiny",
-             config=TrainConfig(epochs=2, batch_size=16, lr=3e-3), resume=False, progress=False)
+             config=TrainConfig(epochs=2, batch_size=16, lr=3e-3, head_lr=3e-3), resume=False, progress=False)
     segment = make_segmenter(str(tmp_path / "cws/best"))
     texts = lines[:5]
     words = segment(texts)

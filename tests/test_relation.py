@@ -154,7 +154,7 @@ def cmeie_model(tmp_path_factory):
     lines = (CMEIE / "train.jsonl").read_text(encoding="utf-8").splitlines()
     lines = [line for line in lines if len(json.loads(line)["text"]) <= 80][:100]  # the first 100 short ones
     (out / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = TrainConfig(epochs=40, batch_size=16, lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=40, batch_size=16, lr=3e-3, head_lr=3e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("re", out / "train.jsonl", out / "train.jsonl", out=out / "run", schema=CMEIE / "schema.json",
              encoder="tiny", head="egp", max_length=82, config=config, resume=False, progress=False)
     return out

@@ -51,7 +51,7 @@ def test_ner_trains_on_a_pruned_and_cut_roformer(roformer_dir, tmp_path):
     write_ner_jsonl(CORPUS, tmp_path / "train.jsonl")
     zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run",
              encoder=str(roformer_dir), keep_tokens="data", encoder_layers=1, head="egp",
-             config=TrainConfig(epochs=1, batch_size=16, lr=1e-3), resume=False, progress=False)
+             config=TrainConfig(epochs=1, batch_size=16, lr=1e-3, head_lr=1e-3), resume=False, progress=False)
     pipe = zhie.load(tmp_path / "run")
     assert type(pipe.model.encoder).__name__ == "RoFormerModel" and pipe.model.encoder.config.num_hidden_layers == 1
     assert len(pipe.task.tokenizer) < encoders.load(roformer_dir)[0].config.vocab_size

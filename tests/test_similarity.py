@@ -109,7 +109,7 @@ def stsb_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("sts")
     lines = (STSB / "train.data").read_text(encoding="utf-8").splitlines()[:300]
     (out / "train.data").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    config = TrainConfig(epochs=15, batch_size=32, lr=1e-3, warmup=0.05, seed=0, eval_every=10**9)
+    config = TrainConfig(epochs=15, batch_size=32, lr=1e-3, head_lr=1e-3, warmup=0.05, seed=0, eval_every=10**9)
     zhie.fit("sts", out / "train.data", out / "train.data", out=out / "run", encoder="tiny", loss="cosent",
              pooling="mean", config=config, resume=False, progress=False)
     return out

@@ -112,7 +112,7 @@ def test_an_ensemble_answers_the_mean_of_its_members():
 
 # ------------------------------------------------------------------------------------------------ students
 def _config(epochs: int, lr: float = 2e-3) -> TrainConfig:
-    return TrainConfig(epochs=epochs, batch_size=16, lr=lr, warmup=0.05, seed=0, eval_every=10**9)
+    return TrainConfig(epochs=epochs, batch_size=16, lr=lr, head_lr=lr, warmup=0.05, seed=0, eval_every=10**9)
 
 
 def _agreement(teacher, student, texts) -> float:

@@ -161,7 +161,8 @@ def to_format_1(model_dir, task: str, renames: dict[str, str], meta_renames: dic
 def test_a_model_directory_of_the_previous_version_loads(head, tmp_path):
     write_ner_jsonl(demo.make_corpus(32, seed=0), tmp_path / "train.jsonl")
     zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / "run", encoder="tiny",
-             head=head, config=TrainConfig(epochs=1, batch_size=16, lr=1e-3), resume=False, progress=False)
+             head=head, config=TrainConfig(epochs=1, batch_size=16, lr=1e-3,
+                                           head_lr=1e-3), resume=False, progress=False)
     texts = [demo.SAMPLES[0]]
     before = zhie.load(tmp_path / "run").predict(texts)
     renames = {"heads.ner.crf.": "crf.", "heads.ner.": "head."}

@@ -32,7 +32,7 @@ def crash_at(batch: int):
 
 
 def test_step_records_are_the_means_over_their_window(tmp_path):
-    config = TrainConfig(epochs=1, batch_size=8, lr=1e-2, max_grad_norm=None)  # 8 steps
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-2, head_lr=1e-2, max_grad_norm=None)  # 8 steps
     model_1, every = run(tmp_path / "1", TrainConfig(**{**config.__dict__, "log_every": 1}), evaluate=None)
     model_3, third = run(tmp_path / "3", TrainConfig(**{**config.__dict__, "log_every": 3}), evaluate=None)
     assert all(torch.equal(v, model_3.state_dict()[k]) for k, v in model_1.state_dict().items())  # logging is inert
@@ -84,7 +84,8 @@ def test_tensorboard_events_hold_the_logged_steps_and_a_resumed_run_logs_them_on
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = TrainConfig(epochs=2, batch_size=8, lr=1e-2, log_every=3, save_every=5, report_to=("tensorboard",))
+    config = TrainConfig(epochs=2, batch_size=8, lr=1e-2,
+                         head_lr=1e-2, log_every=3, save_every=5, report_to=("tensorboard",))
     _, whole = run(tmp_path / "a", config)
     with pytest.raises(RuntimeError, match="interrupted"):
         run(tmp_path / "b", config, loss=crash_at(13))  # in step 13: the records at 6, 8 (eval) and 12 are redone
@@ -116,7 +117,8 @@ def test_mlflow_file_store_in_the_run_directory(tmp_path, monkeypatch):
 
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
-    config = TrainConfig(epochs=2, batch_size=8, lr=1e-2, log_every=4, save_every=5, report_to=("mlflow",))
+    config = TrainConfig(epochs=2, batch_size=8, lr=1e-2,
+                         head_lr=1e-2, log_every=4, save_every=5, report_to=("mlflow",))
     with pytest.raises(RuntimeError, match="interrupted"):
         run(tmp_path, config, loss=crash_at(13))
     first = load_checkpoint(tmp_path / "checkpoint.pt")["progress"]["trackers"]["mlflow"]
@@ -137,7 +139,7 @@ def test_wandb_offline_run_in_the_run_directory(tmp_path, monkeypatch):
     for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_DIR", "WANDB_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
-    config = TrainConfig(epochs=1, batch_size=8, lr=1e-2, log_every=2, report_to=("wandb",))
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-2, head_lr=1e-2, log_every=2, report_to=("wandb",))
     run(tmp_path, config)
     run_id = load_checkpoint(tmp_path / "checkpoint.pt")["progress"]["trackers"]["wandb"]
     (log,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")

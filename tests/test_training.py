@@ -135,7 +135,7 @@ def test_param_groups_learning_rates_and_weight_decay():
         "encoder": 0.01, "encoder_no_decay": 0.0, "head": 0.01, "head_no_decay": 0.0, "lr_x2": 0.0}
 
     # head_lr None -> lr; a model without an encoder attribute is all head
-    groups = {g["name"]: g for g in build_param_groups(Toy(), TrainConfig(lr=3e-5))}
+    groups = {g["name"]: g for g in build_param_groups(Toy(), TrainConfig(lr=3e-5, head_lr=3e-5))}
     assert groups["head"]["lr"] == groups["encoder"]["lr"] == 3e-5
     assert groups["lr_x2"]["lr"] == pytest.approx(6e-5)
     bare = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
@@ -254,7 +254,7 @@ def test_toy_model_learns_logs_and_saves_best(tmp_path):
 
 def test_without_evaluate_saves_final_model(tmp_path):
     calls = []
-    config = TrainConfig(epochs=1, batch_size=16, lr=1e-2)
+    config = TrainConfig(epochs=1, batch_size=16, lr=1e-2, head_lr=1e-2)
     model, result = run(tmp_path, config, evaluate=None, lengths=None,
                         save_best=lambda m, d: calls.append(d) or save_state(m, d))
     assert len(calls) == 1 and result["best"] == {} and result["best_step"] == result["steps"] == 4
@@ -264,7 +264,7 @@ def test_without_evaluate_saves_final_model(tmp_path):
 
 
 def test_early_stopping(tmp_path):
-    config = TrainConfig(epochs=10, batch_size=8, lr=1e-2, eval_every=1, patience=2)
+    config = TrainConfig(epochs=10, batch_size=8, lr=1e-2, head_lr=1e-2, eval_every=1, patience=2)
     _, result = run(tmp_path, config, evaluate=lambda model: {"f1": 0.5})
     assert result["steps"] == 3 and len(result["history"]) == 3 and result["best_step"] == 1
     # a finished run is not continued when called again
@@ -347,7 +347,8 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "save", failing_third)
     out = tmp_path / "run"
     with pytest.raises(OSError, match="disk full"):
-        run(out, TrainConfig(epochs=1, batch_size=8, lr=1e-2, save_every=1), evaluate=None, save_best=None)
+        run(out, TrainConfig(epochs=1, batch_size=8, lr=1e-2,
+                             head_lr=1e-2, save_every=1), evaluate=None, save_best=None)
     assert load_checkpoint(out / "checkpoint.pt")["progress"]["step"] == 2
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "metrics.jsonl"]  # the step records
 
@@ -362,7 +363,8 @@ def test_best_dir_is_replaced_atomically(tmp_path):
         (directory / "model.txt").write_text("complete")
 
     with pytest.raises(OSError, match="crash while saving"):
-        run(tmp_path, TrainConfig(epochs=2, batch_size=32, lr=1e-2), evaluate=lambda m: {"f1": next(scores)},
+        run(tmp_path, TrainConfig(epochs=2, batch_size=32, lr=1e-2,
+                                  head_lr=1e-2), evaluate=lambda m: {"f1": next(scores)},
             save_best=save_twice_fail)
     assert (tmp_path / "best" / "model.txt").read_text() == "complete"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

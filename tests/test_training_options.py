@@ -111,7 +111,7 @@ def test_training_loop_with_adversarial_changes_nothing_at_lr_zero(method, tmp_p
     model = tiny_model()
     items = [batch(seed=i, n=1) for i in range(6)]
     before = state(model)
-    config = TrainConfig(epochs=1, batch_size=2, grad_accum=2, lr=0.0, warmup=0.0, adversarial=method,
+    config = TrainConfig(epochs=1, batch_size=2, grad_accum=2, lr=0.0, head_lr=0.0, warmup=0.0, adversarial=method,
                          adv_epsilon=0.7)
     losses = []
 
@@ -172,7 +172,7 @@ def test_llrd_gives_layer_l_lr_times_decay_to_the_L_minus_l(name, layers):
 
 def test_llrd_keeps_weight_decay_apart_and_names_groups():
     model = tiny_model()
-    groups = build_param_groups(model, TrainConfig(lr=1e-3, llrd=0.8, weight_decay=0.01))
+    groups = build_param_groups(model, TrainConfig(lr=1e-3, head_lr=1e-3, llrd=0.8, weight_decay=0.01))
     names = [g["name"] for g in groups]
     assert names[:2] == ["encoder_L0", "encoder_L0_no_decay"]
     assert {"encoder_L2", "encoder_L2_no_decay", "head", "head_no_decay"} <= set(names)
@@ -244,7 +244,7 @@ def test_ema_weights_are_evaluated_and_saved(tmp_path):
         saved.append(state(m))
 
     collate = lambda rows: {"x": torch.stack([r[0] for r in rows]), "y": torch.stack([r[1] for r in rows])}  # noqa: E731
-    config = TrainConfig(epochs=2, batch_size=4, lr=0.1, warmup=0.0, ema=0.5)
+    config = TrainConfig(epochs=2, batch_size=4, lr=0.1, head_lr=0.1, warmup=0.0, ema=0.5)
     train(model, items, collate=collate, loss_fn=loss_fn, config=config, out_dir=tmp_path / "ema", evaluate=evaluate,
           save_best=save_best, progress=False)
     final = state(model)

@@ -67,7 +67,7 @@ def trained(kind: str) -> Path:
 
 
 def _config(epochs: int, lr: float = 2e-3, batch_size: int = 16) -> TrainConfig:
-    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, warmup=0.05, seed=0, eval_every=10**9)
+    return TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, head_lr=lr, warmup=0.05, seed=0, eval_every=10**9)
 
 
 def train_ner(out: Path, head: str = "gp", n: int = 240, epochs: int = 12, max_length: int = 64) -> Path:

@@ -36,9 +36,12 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=2e-5, help="encoder learning rate")
-    p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: --lr)")
+    p.add_argument("--batch-size", type=int, default=None, help="items per batch (default: TrainConfig's, 16)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="encoder learning rate (default: 2e-4 x min(1, (384 / the encoder's width)^2): 2e-4 for "
+                        "e5-small and narrower encoders, 5e-5 for a 768-wide BERT-base; the similarity task 2e-5 x "
+                        "the same)")
+    p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: 10 x --lr)")
     p.add_argument("--ema", type=float, default=None, help="EMA decay of the weights used for evaluation")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--warmup", type=float, default=0.1, help="warm-up, as a fraction of all steps")
@@ -94,7 +97,8 @@ class _MixedPrecision(argparse.Action):
 def _train_config(args):
     from zhie.training import TrainConfig
 
-    return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size, lr=args.lr,
+    batch = {} if args.batch_size is None else {"batch_size": args.batch_size}
+    return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, **batch, lr=args.lr,
                        head_lr=args.head_lr, ema=args.ema, seed=args.seed,
                        warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
                        eval_every=args.eval_every, precision=args.precision,

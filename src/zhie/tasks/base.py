@@ -279,6 +279,8 @@ class Task:
     data_flags: ClassVar[bool] = True      # False: the task's own options name its data (multitask's --config), and
                                            # `zhie train NAME` has no --train/--dev/--format
     pipeline_class: ClassVar[type]         # what zhie.load returns (set below for the base)
+    base_lr: ClassVar[float] = 2e-4        # the default encoder learning rate at 384 wide, scaled to the encoder's
+                                           # width by zhie.training.config.default_lr (heads: 10x)
 
     def __init__(self, config, tokenizer) -> None:
         self.config = config

@@ -105,6 +105,7 @@ class SimilarityTask(Task):
     metric = "spearman"
     group_by_length = False  # CoSENT ranks the pairs of a batch against each other, so batches are random (§4.1)
     pipeline_class = SentencePipeline
+    base_lr = 2e-5  # benchmarks/sts.py's rate: no head but the pooling, so the encoder alone learns the task
 
     @classmethod
     def add_arguments(cls, parser) -> None:

@@ -24,7 +24,7 @@ from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 from .config import TrainConfig
 from .loop import train
 from .rdrop import RDropLoss
-from .record import finish, run_record, saver
+from .record import file_facts, finish, run_record, saver
 
 __all__ = ["fit"]
 
@@ -52,6 +52,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode=task_config.mode, keep_tokens=keep_tokens,
                                      layers=encoder_layers, seed=config.seed, unshare=unshare_layers)
     t = cls(task_config, tokenizer)
+    config = config.resolved(enc.config.hidden_size, cls.base_lr)
     loop_config = t.loop_config(config)
     items = t.encode(train_examples)
     with seeded(config.seed):  # the same heads (and loss weights) in every run with this seed
@@ -65,8 +66,12 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     evaluator = Evaluator(t, dev_examples)
     settings = {"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
                 "unshare_layers": unshare_layers, "format": format, **options}
-    record = run_record(cls.data_files(train_path, dev_path, **options), encoder=str(encoder), config=config,
-                        options=settings) if is_main_process() else {}
+    files = cls.data_files(train_path, dev_path, **options)
+    record = run_record(files, encoder=str(encoder), config=config, options=settings) if is_main_process() else {}
+    identity = {"encoder": str(encoder), "vocab": len(tokenizer), "encoder_layers": enc.config.num_hidden_layers,
+                **{f"{cls.name}.{k}": v for k, v in vars(task_config).items()},
+                **{k: v for k, v in settings.items() if k not in options},
+                **{f"data.{role}": file_facts(role, path)["sha256"] for role, path in files.items()}}
 
     data = {"train": str(train_path), "dev": str(dev_path)} if train_path is not None else {}
     summary = {"task": cls.name, **data, "examples": len(train_examples),
@@ -83,7 +88,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
                    lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
                    progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None,
                    step_log=objective.step_log if isinstance(objective, TaskLoss) else None,
-                   hparams={"encoder": str(encoder), **data, **settings})
-    if is_main_process():
+                   hparams={"encoder": str(encoder), **data, **settings}, identity=identity)
+    if is_main_process() and result["session_steps"]:  # a finished run's model and card stay as they were
         finish(out / "best", result, t.describe())
     return result

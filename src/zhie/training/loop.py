@@ -60,7 +60,7 @@ from zhie.precision import accelerate_precision
 from .adversarial import embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
-from .config import TrainConfig
+from .config import BASE_WIDTH, TrainConfig
 from .ema import EMA
 from .optim import build_optimizer, build_param_groups, build_scheduler, with_lr_multipliers
 from .rdrop import RDropLoss
@@ -273,6 +273,7 @@ def train(
     train_log: Callable[[], dict] | None = None,
     step_log: Callable[[], dict] | None = None,
     hparams: dict | None = None,
+    identity: dict | None = None,
 ) -> dict:
     """Train ``model`` on a task's ``train_items`` (:class:`ItemBatches`) into the run directory ``out_dir``
     (:class:`RunDir`); returns :func:`run`'s summary.
@@ -288,6 +289,8 @@ def train(
             bare model (also under DDP). An ``nn.Module`` loss may hold weights of its own: they are trained,
             checkpointed and synchronised with the model's, and not saved with it.
         evaluate, metric, param_groups, train_log, step_log, hparams: see :class:`Job`.
+        identity: what else defines the run (the task's settings, the encoder and its pruning, the data files'
+            hashes): a checkpoint written with other values is not resumed (:class:`Job`'s ``meta``).
         save_best: ``save_best(model, directory)`` writes the model into ``directory`` (which exists and is empty).
         lengths: lengths of the items; given, batches are grouped by length (:func:`epoch_batches`).
         resume: continue from ``out_dir/checkpoint.pt`` if it exists; ``False`` starts over.
@@ -301,21 +304,23 @@ def train(
                        rank=processes.process_index)
     job = Job(data=data, loss_fn=loss_fn, output=RunDir(out_dir, metric, save_best), evaluate=evaluate,
               metric=metric, train_log=train_log, step_log=step_log, hparams=hparams or {}, param_groups=param_groups,
-              meta={"n_items": len(train_items), "grouped_by_length": lengths is not None})
+              meta={**(identity or {}), "n_items": len(train_items), "grouped_by_length": lengths is not None})
     return run(model, job, config, resume=resume, progress=progress)
 
 
 # ----------------------------------------------------------------------------------------------------------- the engine
 def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True, progress: bool = True,
         stop_after: int | None = None, time_limit_s: float | None = None, cpu: bool = False) -> dict:
-    """Train ``model`` on ``job`` with ``config``; returns ``{"best", "best_step", "steps", "history", "step_records",
-    "finished"}`` (``history``: the evaluations' records; ``step_records``: the step records).
+    """Train ``model`` on ``job`` with ``config``; returns ``{"best", "best_step", "steps", "session_steps", "history",
+    "step_records", "finished"}`` (``session_steps``: the steps this call took, 0 for a run that had finished;
+    ``history``: the evaluations' records; ``step_records``: the step records).
 
     ``resume``: continue from ``job.output.checkpoint_path`` if it exists (the same settings and data, or an error
     that lists the differences). ``stop_after`` (a step) and ``time_limit_s`` (seconds of this session) end the session
     early with a checkpoint (``finished`` is then False; the schedule still runs to the end of the run). ``cpu``:
     train on the CPU even where there is a GPU.
     """
+    config = config.resolved(_encoder_width(model))  # a job that set no learning rate gets the default ones
     path = job.output.checkpoint_path
     if resume and world_size() > 1:
         torch.distributed.barrier()  # a process may get here while the main one still writes the last checkpoint
@@ -325,6 +330,7 @@ def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True,
         session.restore(checkpoint, path)
     else:
         set_seed(config.seed + session.rank)  # one stream of dropout masks per process (DDP synchronised the weights)
+    first_step = session.p.step
     if session.is_main:
         job.output.start(checkpoint is not None, session.p.step, session.p.history)
     try:
@@ -333,9 +339,15 @@ def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True,
     finally:
         session.close()
     p = session.p
-    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step,
+    return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "session_steps": p.step - first_step,
             "history": [r for r in p.history if r["kind"] == "eval"],
             "step_records": [r for r in p.history if r["kind"] == "step"], "finished": p.finished}
+
+
+def _encoder_width(model: nn.Module) -> int:
+    """The hidden size of ``model.encoder`` (or of ``model``), which sets the default learning rate; 384 if neither
+    says."""
+    return getattr(getattr(getattr(model, "encoder", model), "config", None), "hidden_size", BASE_WIDTH)
 
 
 class _Objective(nn.Module):
@@ -691,13 +703,26 @@ def _check_resumable(saved: dict, current: dict, resumable: frozenset[str], path
     """Refuse to resume a checkpoint written by a run that would compute something else."""
     if saved.get("format") != current["format"]:
         raise ValueError(f"{path} has checkpoint format {saved.get('format')!r}, this version writes "
-                         f"{current['format']}; start over (resume=False, --overwrite) or use another output directory")
+                         f"{current['format']}; {START_OVER}")
     defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
     old = {**defaults, **saved["config"]}  # a field added since the checkpoint was written had its default then
-    changes = [f"config.{key}: {old.get(key)!r} -> {value!r}"
+    changes = [_change(f"config.{key}", old.get(key), value)
                for key, value in current["config"].items() if key not in resumable and old.get(key) != value]
-    changes += [f"{key}: {saved.get(key)!r} -> {value!r}" for key, value in current.items()
-                if key not in ("config", "format") and saved.get(key) != value]
+    changes += [_change(key, saved[key], value) if key in saved else f"{key}: not recorded by the run that wrote it"
+                for key, value in current.items() if key not in ("config", "format") and saved.get(key) != value]
     if changes:
-        raise ValueError(f"{path} was written by a different run ({'; '.join(changes)}); resume with the same "
-                         "settings and data, or start over (resume=False, --overwrite) or use another output directory")
+        raise ValueError(f"{path} was written by a different run; resuming it would mix two runs. What differs:\n  "
+                         + "\n  ".join(changes) + f"\nRun with the same settings and data, or {START_OVER}")
+
+
+START_OVER = ("start this run over with --no-resume (resume=False in Python), or give it another output directory "
+              "(--out)")
+
+
+def _change(key: str, old, new) -> str:
+    """One line of a refused resume: ``key`` was ``old``, is now ``new`` (long values cut; a data file's hash says
+    that the file changed)."""
+    if key.startswith("data."):
+        return f"{key}: the file's contents changed (sha256 {str(old)[:12]}… -> {str(new)[:12]}…)"
+    old, new = repr(old), repr(new)
+    return f"{key}: {old if len(old) <= 80 else old[:77] + '...'} -> {new if len(new) <= 80 else new[:77] + '...'}"

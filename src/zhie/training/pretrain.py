@@ -128,7 +128,8 @@ class PretrainConfig:
         from zhie.training.config import TrainConfig
 
         return TrainConfig(epochs=1, max_steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                           lr=self.lr, weight_decay=self.weight_decay, warmup=self.warmup_for(model_type),
+                           lr=self.lr, head_lr=self.lr, weight_decay=self.weight_decay,
+                           warmup=self.warmup_for(model_type),
                            optimizer=self.optimizer, max_grad_norm=self.max_grad_norm, seed=self.seed,
                            eval_every=self.eval_every, save_every=self.save_every, precision=precision,
                            log_every=self.log_every, report_to=self.report_to)

@@ -176,6 +176,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if not teachers:
         raise ValueError("name at least one teacher model directory (--teacher DIR)")
     config = config or TrainConfig(lr=1e-4, batch_size=16)
+    if config.head_lr is None:  # the student's heads start trained (the teacher's) or small: the encoder's rate
+        config = dataclasses.replace(config, head_lr=config.lr)
     device = local_device()
     teacher = load_teachers(teachers, device)
     cls = type(teacher.task)

@@ -1,0 +1,83 @@
+"""What a run is: the default learning rates that `zhie train` resolves (and records), and the identity a checkpoint
+keeps, so that a resume never mixes two runs and a finished run is left as it was."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import zhie
+from tests.tiny_models import nested_corpus
+from zhie.cli import _train_config, build_parser
+from zhie.data import write_ner_jsonl
+from zhie.training import TrainConfig
+from zhie.training.config import default_lr
+
+
+def test_the_default_rate_falls_with_the_square_of_the_encoders_width():
+    assert default_lr(384) == 2e-4       # e5-small: the rate of the README's tables
+    assert default_lr(768) == 5e-5       # BERT-base
+    assert default_lr(1024) == 2.8e-5    # a large model
+    assert default_lr(128) == 2e-4       # narrower: never above the base rate
+    assert default_lr(768, base_lr=2e-5) == 5e-6
+    config = TrainConfig().resolved(768)
+    assert (config.lr, config.head_lr, config.batch_size) == (5e-5, 5e-4, 16)
+    assert TrainConfig(lr=1e-3, head_lr=7e-3).resolved(768) == TrainConfig(lr=1e-3, head_lr=7e-3)
+    assert TrainConfig(lr=1e-3).resolved(768).head_lr == 1e-2
+
+
+def test_zhie_train_sets_no_rate_of_its_own():
+    """The CLI leaves the rates and the batch to TrainConfig (one source), as benchmarks/ner.py does."""
+    args = build_parser(["train"]).parse_args(["train", "ner", "--train", "t", "--dev", "d", "--out", "o"])
+    config = _train_config(args)
+    assert (config.lr, config.head_lr, config.batch_size) == (None, None, TrainConfig.batch_size) == (None, None, 16)
+
+
+@pytest.fixture
+def data(tmp_path):
+    write_ner_jsonl(nested_corpus(24, seed=1), tmp_path / "train.jsonl")
+    write_ner_jsonl(nested_corpus(8, seed=2), tmp_path / "dev.jsonl")
+    return tmp_path
+
+
+def fit(data, out="run", **kwargs):
+    options = {"head": "gp", "max_length": 32, **kwargs}
+    return zhie.fit("ner", data / "train.jsonl", data / "dev.jsonl", out=data / out, encoder="tiny",
+                    config=TrainConfig(epochs=1, batch_size=8, seed=0, save_every=1), progress=False, **options)
+
+
+def test_the_resolved_rates_are_recorded(data):
+    fit(data)
+    record = json.loads((data / "run" / "best" / "training.json").read_text(encoding="utf-8"))["train_config"]
+    assert (record["lr"], record["head_lr"]) == (2e-4, 2e-3)
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"head": "egp"}, "ner.head"),
+    ({"max_length": 48}, "ner.max_length"),
+    ({"encoder_layers": 1}, "encoder_layers"),
+    ({"keep_tokens": "all"}, "keep_tokens"),
+])
+def test_a_resume_with_other_settings_is_refused_naming_them(data, change, named):
+    fit(data)
+    with pytest.raises(ValueError, match=rf"(?s)would mix two runs.*{named}.*--no-resume"):
+        fit(data, **change)
+    fit(data, **change, resume=False)  # starting over is allowed
+
+
+def test_a_resume_on_changed_data_is_refused(data):
+    fit(data)
+    write_ner_jsonl(nested_corpus(24, seed=3), data / "train.jsonl")  # same size, other sentences
+    with pytest.raises(ValueError, match="data.train: the file's contents changed"):
+        fit(data)
+
+
+def test_a_finished_run_is_left_as_it_was(data):
+    first = fit(data)
+    card = data / "run" / "best" / "README.md"
+    before = (card.read_bytes(), (data / "run" / "best" / "training.json").read_bytes())
+    again = fit(data)
+    assert (first["session_steps"], again["session_steps"]) == (first["steps"], 0)
+    assert again["best"] == first["best"]
+    assert (card.read_bytes(), (data / "run" / "best" / "training.json").read_bytes()) == before
