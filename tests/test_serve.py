@@ -1,7 +1,7 @@
 """zhie serve: every endpoint, limit and error case through FastAPI's TestClient; request batching counted on the
 batcher's model calls; a full queue, a timeout and a dead worker made certain by a model call that waits on an event;
 a chunked body sent to a real uvicorn; the page in a real headless Chromium (marked ``browser``, skipped with its
-reason when playwright or Debian's chromium is missing)."""
+reason when playwright or Debian's chromium is missing). Tests write under ``tmp_path`` only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +26,6 @@ from zhie.cli import main  # noqa: E402
 from zhie.deploy.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
 
 NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
@@ -451,7 +449,7 @@ def test_a_chunked_body_is_refused_at_the_limit_before_it_ends(ner_pipe):
 
 
 @pytest.mark.browser
-def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_server, ner_pipe):
+def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_server, ner_pipe, tmp_path):
     executable, reason = _chromium()
     if executable is None:
         print(f"SKIPPED browser test: {reason}")
@@ -484,9 +482,9 @@ def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_s
         legend = page.eval_on_selector_all("#legend .chip", "els => els.map(e => e.textContent)")
         assert {"LOC", "ORG", "PER"} <= set(legend)
         assert not errors
-        page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")  # for the README's picture
+        page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")
         page.click("#run")
         page.wait_for_function("document.querySelector('section.result .doc').textContent.startsWith('吕洋琼')")
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(RESULTS / "serve_page.png"), full_page=True)
+        page.screenshot(path=str(tmp_path / "serve_page.png"), full_page=True)  # a test writes under tmp_path only
         browser.close()
+    assert (tmp_path / "serve_page.png").read_bytes().startswith(b"\x89PNG")
