@@ -1,19 +1,19 @@
 """zhie serve: every endpoint, limit and error case through FastAPI's TestClient; request batching counted on the
 batcher's model calls; a full queue, a timeout and a dead worker made certain by a model call that waits on an event;
-a chunked body sent to a real uvicorn; the page in a real headless Chromium (marked ``browser``, skipped with its
-reason when playwright or Debian's chromium is missing)."""
+a chunked body and a refused API key sent to a real uvicorn; the page in a real headless Chromium (marked ``browser``,
+skipped with its reason when playwright or Debian's chromium is missing). Tests write under ``tmp_path`` only."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,7 +27,6 @@ from zhie.cli import main  # noqa: E402
 from zhie.deploy.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
 
 NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +173,7 @@ def run_batcher(fn, requests: list[list[str]], max_batch: int, max_wait_ms: floa
 def test_concurrent_requests_share_model_calls_up_to_max_batch():
     calls = []
 
-    def fn(texts):
+    def fn(texts, cancelled):
         calls.append(list(texts))
         return [t.upper() for t in texts]
 
@@ -196,7 +195,7 @@ def test_concurrent_requests_share_model_calls_up_to_max_batch():
 
 
 def test_a_failing_request_does_not_fail_the_others_in_its_batch():
-    def fn(texts):
+    def fn(texts, cancelled):
         if "boom" in texts:
             raise RuntimeError("boom")
         return texts
@@ -342,6 +341,68 @@ def test_health_reports_a_dead_worker_and_requests_get_503(ner_pipe):
         assert r.status_code == 503 and "worker is failed: Crash" in r.json()["detail"]
 
 
+def test_a_call_past_the_timeout_fails_health_refuses_requests_and_stops_before_its_next_pass(ner_pipe):
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, batching=Batching(max_batch=8, max_wait_ms=0, batch_size=1, timeout=1))
+    texts = [NESTED, "许霞娜去了福江省。"]  # one call, two forward passes of one text (the longer first)
+    with TestClient(app) as client:
+        r = client.post("/predict", json={"texts": texts})  # its first pass waits on the gate
+        assert r.status_code == 504, r.text
+        wait_until(lambda: client.get("/health").status_code == 503)
+        health = client.get("/health").json()
+        assert health["status"] == "stuck" and not health["live"] and not health["ready"]
+        assert "longer than the timeout of 1 s" in health["reason"] and client.get("/health/ready").status_code == 503
+        r = client.post("/predict", json={"texts": ["好"]})  # refused at once, not queued behind the stuck call
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "longer than the timeout of 1 s" in r.json()["detail"]
+        pipe.release.set()
+        wait_until(lambda: client.get("/health").status_code == 200)  # the call returned: live again
+        assert client.get("/health").json()["reason"] is None
+        assert client.post("/predict", json={"texts": ["好"]}).status_code == 200
+    assert pipe.seen == [[NESTED], ["好"]]  # the abandoned call's second pass never ran
+
+
+def test_a_queue_that_cannot_hold_one_similarity_request_is_refused_at_start_up(sim_pipe, ner_pipe, monkeypatch,
+                                                                                 capsys):
+    import uvicorn
+
+    with pytest.raises(ValueError, match=r"a queue of 300 texts .* cannot hold one /similarity request .* needs room "
+                                         r"for 512 texts.* give --max-queue 512 or more, or --max-texts 150 or fewer"):
+        create_app(sim_pipe, batching=Batching(max_queue=300), limits=Limits(max_texts=256))
+    create_app(ner_pipe, batching=Batching(max_queue=256), limits=Limits(max_texts=256))  # /predict: one per text
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app))
+    assert main(["serve", str(trained("similarity")), "--max-queue", "300"]) == 2
+    assert "give --max-queue 512 or more" in capsys.readouterr().err and not served
+    app = create_app(sim_pipe, batching=Batching(max_queue=4), limits=Limits(max_texts=2))  # just enough room
+    with TestClient(app) as client:
+        r = client.post("/similarity", json={"a": ["甲", "乙"], "b": ["丙", "丁"]})
+        assert r.status_code == 200 and len(r.json()) == 2
+
+    async def too_many():  # a request that can never fit is told so, not to retry
+        batcher = Batcher(lambda texts, cancelled: texts, ThreadPoolExecutor(1), 8, 0, max_queue=2)
+        worker = asyncio.create_task(batcher.run())
+        await asyncio.sleep(0)
+        try:
+            with pytest.raises(ValueError, match="3 texts in one request can never fit the queue of 2 texts"):
+                await batcher.submit(["a", "b", "c"])
+        finally:
+            worker.cancel()
+
+    asyncio.run(too_many())
+
+
+def test_a_500_logs_its_traceback(ner_pipe, caplog):
+    with caplog.at_level(logging.ERROR, logger="zhie.deploy.serve"), \
+            TestClient(create_app(FailsOnBoom(ner_pipe))) as client:
+        r = client.post("/predict", json={"texts": ["boom"]})
+    assert r.status_code == 500
+    (record,) = [r for r in caplog.records if r.name == "zhie.deploy.serve"]
+    assert record.levelno == logging.ERROR and "the model failed on a request to /predict" in record.getMessage()
+    traceback = logging.Formatter().formatException(record.exc_info)
+    assert "Traceback" in traceback and "in predict" in traceback and "RuntimeError: the model broke" in traceback
+
+
 def test_cli_serve_flags_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
@@ -361,6 +422,8 @@ def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
     assert main(["serve", str(trained("ner-gp")), "--precision", "bf16", "--port", "8123"]) == 0
     assert served["port"] == 8123
+    log = served["log_config"]  # zhie's records (a 500's traceback) go where uvicorn's own errors go: stderr
+    assert log["loggers"]["zhie"]["handlers"] == ["default"] and log["handlers"]["default"]["stream"] == "ext://sys.stderr"
     with TestClient(served["app"]) as client:
         info = client.get("/info").json()
         assert client.post("/predict", json={"texts": [NESTED]}).status_code == 200
@@ -450,8 +513,43 @@ def test_a_chunked_body_is_refused_at_the_limit_before_it_ends(ner_pipe):
     assert b"request body over the limit of 2000 bytes (reading stopped at" in answer
 
 
+def test_a_wrong_api_key_is_refused_from_the_headers_before_the_body_is_read(ner_pipe):
+    app = create_app(ner_pipe, api_key="s3cret")
+    limit = Limits().body_bytes  # ~20 MB
+    with running(app) as port:
+        for length in (limit, 10 * limit):  # a body within the limit (401, not read), one over it (401, not 413)
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+                s.sendall(b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                          b"Authorization: Bearer wrong\r\nContent-Length: %d\r\n\r\n" % length + b'{"texts": [')
+                answer = b""
+                while part := s.recv(65536):  # answered and closed while the rest of the body is still to come
+                    answer += part
+            assert answer.startswith(b"HTTP/1.1 401"), answer
+            assert b"Authorization: Bearer KEY" in answer
+    assert app.state.batchers["predict"].calls == 0
+
+
+def test_requests_past_max_in_flight_get_503_with_retry_after(ner_pipe):
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, limits=Limits(max_in_flight=1))
+    with TestClient(app) as client, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/predict", json={"texts": [NESTED]})
+        assert pipe.entered.wait(60)
+        r = client.post("/predict", json={"texts": ["好"]})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "the most requests in flight it takes (1, --max-in-flight)" in r.json()["detail"]
+        health = client.get("/health")  # /health and the page are not counted
+        assert health.status_code == 200 and health.json()["requests_in_flight"] == 1
+        assert health.json()["max_in_flight"] == 1 and client.get("/").status_code == 200
+        pipe.release.set()
+        assert first.result().status_code == 200
+        assert client.post("/predict", json={"texts": ["好"]}).status_code == 200  # room again
+        assert client.get("/health").json()["requests_in_flight"] == 0
+    assert pipe.seen == [[NESTED], ["好"]]
+
+
 @pytest.mark.browser
-def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_server, ner_pipe):
+def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_server, ner_pipe, tmp_path):
     executable, reason = _chromium()
     if executable is None:
         print(f"SKIPPED browser test: {reason}")
@@ -484,9 +582,9 @@ def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_s
         legend = page.eval_on_selector_all("#legend .chip", "els => els.map(e => e.textContent)")
         assert {"LOC", "ORG", "PER"} <= set(legend)
         assert not errors
-        page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")  # for the README's picture
+        page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")
         page.click("#run")
         page.wait_for_function("document.querySelector('section.result .doc').textContent.startsWith('吕洋琼')")
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(RESULTS / "serve_page.png"), full_page=True)
+        page.screenshot(path=str(tmp_path / "serve_page.png"), full_page=True)  # a test writes under tmp_path only
         browser.close()
+    assert (tmp_path / "serve_page.png").read_bytes().startswith(b"\x89PNG")

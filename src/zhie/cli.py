@@ -203,8 +203,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                     help="texts waiting for the model (503 with Retry-After above)")
     sv.add_argument("--timeout", type=float, default=30.0,
                     help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
-    sv.add_argument("--max-texts", type=positive_int, default=256, help="texts per request (413 above)")
+    sv.add_argument("--max-texts", type=positive_int, default=256,
+                    help="texts per request, pairs for /similarity (413 above)")
     sv.add_argument("--max-text-length", type=positive_int, default=10_000, help="characters per text (413 above)")
+    sv.add_argument("--max-in-flight", type=positive_int, default=256,
+                    help="requests in flight, /health and the page not counted (503 with Retry-After above)")
     key = sv.add_mutually_exclusive_group()
     key.add_argument("--api-key-file", default=None, metavar="FILE",
                      help="require 'Authorization: Bearer KEY' (all but /health, the page), KEY the file's first line; "
@@ -404,7 +407,8 @@ def _extra(module: str, extra: str):
 
 def cmd_serve(args) -> None:
     serve = _extra("zhie.deploy.serve", "serve")
-    limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length)
+    limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length,
+                          max_in_flight=args.max_in_flight)
     batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
                               max_queue=args.max_queue, timeout=args.timeout or None)
     serve.serve(args.model, host=args.host, port=args.port, batching=batching, limits=limits,

@@ -7,9 +7,10 @@ Endpoints (:func:`create_app`):
 * ``POST /embed {"texts": [...]}`` -> per text ``{"text", "embedding"}`` (sentence-embedding models, and multi-task
   models with one sentence-embedding member); ``POST /similarity {"a": [...], "b": [...]}`` -> per pair
   ``{"a", "b", "similarity"}`` (the cosine);
-* ``GET /health`` (live: 200 while the batching workers run, else 503) and ``GET /health/ready`` (ready: 200 while
-  they run and their queues have room, else 503), both with the workers' state and queue depth and never needing the
-  key; ``GET /info`` (task, labels, encoder, zhie version, limits, batching), ``/docs``;
+* ``GET /health`` (live: 200 while the batching workers run and the model thread is not stuck, else 503) and
+  ``GET /health/ready`` (ready: 200 while they are live and their queues have room, else 503), both with the reason,
+  the workers' state and queue depth, the requests in flight, and never needing the key; ``GET /info`` (task, labels,
+  encoder, zhie version, limits, batching), ``/docs``;
 * ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``).
 
 Request batching (:class:`Batcher`, settings :class:`Batching`): the texts of concurrent requests wait in a bounded
@@ -18,24 +19,33 @@ queue; a worker takes the oldest requests, up to ``max_batch`` texts, once that 
 the call the texts are sorted by length and cut into forward passes of at most ``batch_size`` texts, each at least
 ``MIN_FILL`` text rather than padding (:func:`length_groups`). ``max_batch=1`` turns batching off.
 
-Limits: more than ``max_texts`` texts, a text longer than ``max_text_length`` characters, or a body larger than
-``max_body_bytes`` is answered 413 with a message saying which limit (the body's bytes are counted as they arrive,
-chunked bodies too, and reading stops at the limit); malformed JSON, a wrong type or an unknown key 422; an empty list
-200 with an empty list. A full queue is answered 503 with ``Retry-After``; a request not answered within ``timeout``
-seconds 504, and its texts are dropped if the model has not started on them. A request that makes the model fail is
-answered 500 alone: the batch it was in is run again one request at a time, so the other requests of the batch get
-their results. With ``api_key`` set, every endpoint but ``/health``, the page and the API description (``/``, its
-files, ``/docs``, ``/openapi.json``: static documents with no model output) needs ``Authorization: Bearer KEY``. No
-request reads or writes a file: the page's files are read once, when the app is created.
+Refusals, cheapest first (:class:`Gate`, before the body is read): with ``api_key`` set, every request but
+``/health``, the page and the API description (``/``, its files, ``/docs``, ``/redoc``, ``/openapi.json``: static
+documents with no model output) needs ``Authorization: Bearer KEY`` (401); past ``max_in_flight`` requests in flight
+(not counting those open ones) 503 with ``Retry-After``; a body larger than ``max_body_bytes`` 413 (its bytes are
+counted as they arrive, chunked bodies too, and reading stops at the limit). Then more than ``max_texts`` texts (pairs
+for ``/similarity``) or a text longer than ``max_text_length`` characters is answered 413 with a message saying which
+limit; malformed JSON, a wrong type or an unknown key 422; an empty list 200 with an empty list. A full queue is
+answered 503 with ``Retry-After``; a configuration whose queue cannot hold one request of ``max_texts`` (two of them
+for ``/similarity``) is refused when the app is created. A request not answered within ``timeout`` seconds gets 504,
+and its texts are dropped if the model has not started on them; a call whose requests have all gone stops before its
+next forward pass, and while a call has run longer than ``timeout`` (the model thread is stuck: a thread cannot be
+killed) ``/health`` answers 503 and new requests 503 with ``Retry-After``, until it returns. A request that makes the
+model fail is answered 500 alone, its traceback logged (``logging``, logger ``zhie.deploy.serve``): the batch it was in
+is run again one request at a time, so the other requests of the batch get their results. No request reads or writes
+a file: the page's files are read once, when the app is created.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import logging
 import os
 import secrets
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict
 
@@ -57,16 +67,23 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("pag
 API_KEY_ENV = "ZHIE_API_KEY"
 MIN_FILL = 0.8  # a forward pass of the service is at least this much text, at most this much padding (length_groups)
 RETRY_AFTER_S = 1
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may send: texts per request, characters per text, bytes per body (default: room for
-    ``max_texts`` texts of ``max_text_length`` characters, JSON-escaped)."""
+    """What the service takes in: texts per request (pairs for ``/similarity``), characters per text, bytes per body
+    (default: room for ``max_texts`` texts of ``max_text_length`` characters, JSON-escaped), requests in flight
+    (``/health``, the page and the API description not counted)."""
 
     max_texts: int = 256
     max_text_length: int = 10_000
     max_body_bytes: int | None = None
+    max_in_flight: int = 256
+
+    def __post_init__(self) -> None:
+        if min(self.max_texts, self.max_text_length, self.max_in_flight) < 1:
+            raise ValueError(f"need max_texts, max_text_length and max_in_flight >= 1, got {self}")
 
     @property
     def body_bytes(self) -> int:
@@ -116,6 +133,10 @@ class TimedOut(Exception):
     """A request was not answered within the batcher's timeout (answered 504)."""
 
 
+class Abandoned(Exception):
+    """Every request of a model call has gone (timed out or disconnected): the call stops before its next pass."""
+
+
 @dataclass(eq=False)
 class _Job:
     texts: list[str]
@@ -126,7 +147,9 @@ class _Job:
 
 
 class Batcher:
-    """Runs ``fn(texts) -> one result per text`` on the texts of concurrent :meth:`submit` calls gathered together.
+    """Runs ``fn(texts, cancelled) -> one result per text`` on the texts of concurrent :meth:`submit` calls gathered
+    together; ``cancelled`` (a ``threading.Event``) is set once no request waits for the call's results any more, and
+    ``fn`` may then stop (raise) between its steps.
 
     A worker coroutine (:meth:`run`, started by the app) waits until ``max_batch`` texts are queued or the oldest
     request has waited ``max_wait_ms``, then takes the oldest requests while they fit in ``max_batch`` texts (the
@@ -134,12 +157,13 @@ class Batcher:
     a call of several requests, each request is run again alone, so only the one that fails gets the error.
 
     At most ``max_queue`` texts wait (:class:`QueueFull` above); a request not answered within ``timeout`` seconds
-    gets :class:`TimedOut` and leaves the queue (a call already running finishes, its result for it is dropped).
+    gets :class:`TimedOut` and leaves the queue (a call already running goes on, its result for it is dropped, and
+    it is told to stop once none of its requests waits); a call running longer than ``timeout`` is :meth:`stuck`.
     ``state`` is ``"not started"``, ``"running"``, ``"stopped"`` or ``"failed: ..."``; ``calls`` and ``texts`` count
     the calls of ``fn`` and the texts they were given.
     """
 
-    def __init__(self, fn: Callable[[list[str]], list], executor: ThreadPoolExecutor, max_batch: int,
+    def __init__(self, fn: Callable[[list[str], threading.Event], list], executor: ThreadPoolExecutor, max_batch: int,
                  max_wait_ms: float, max_queue: int | None = None, timeout: float | None = None) -> None:
         if max_batch < 1 or max_wait_ms < 0 or (max_queue is not None and max_queue < 1):
             raise ValueError(f"need max_batch >= 1, max_wait_ms >= 0 and max_queue >= 1, got {max_batch}, "
@@ -151,6 +175,8 @@ class Batcher:
         self.queued = 0  # texts waiting
         self.running = 0  # texts in the model call under way
         self.running_since: float | None = None
+        self.running_jobs: list[_Job] = []  # the requests of the call under way
+        self.cancelled = threading.Event()  # the call under way's: set once none of running_jobs waits
         self.state = "not started"
         self.calls = 0
         self.texts = 0
@@ -163,6 +189,9 @@ class Batcher:
             return []
         if self.state != "running" or self._wake is None:
             raise WorkerStopped(f"the batching worker is {self.state}")
+        if self.max_queue is not None and len(texts) > self.max_queue:
+            raise ValueError(f"{len(texts)} texts in one request can never fit the queue of {self.max_queue} texts; "
+                             f"send at most {self.max_queue}")
         if self.max_queue is not None and self.queued + len(texts) > self.max_queue:
             raise QueueFull(f"{self.queued} texts are waiting and the queue holds {self.max_queue}; "
                             f"retry in {RETRY_AFTER_S} s")
@@ -179,6 +208,8 @@ class Batcher:
             if job.timer is not None:
                 job.timer.cancel()
             self._drop(job)  # a request cancelled while waiting leaves the queue
+            if self.running_jobs and all(j.future.done() for j in self.running_jobs):
+                self.cancelled.set()  # no request waits for the call under way
 
     def _expire(self, job: _Job) -> None:
         dropped = "its result was dropped" if job.dequeued else "its texts were dropped"
@@ -201,6 +232,15 @@ class Batcher:
     def has_room(self) -> bool:
         return self.max_queue is None or self.queued < self.max_queue
 
+    def stuck(self) -> str | None:
+        """Why the model thread is taken to be stuck (the call under way has run longer than the timeout), or None."""
+        if self.timeout is None or self.running_since is None:
+            return None
+        took = asyncio.get_running_loop().time() - self.running_since
+        if took <= self.timeout:
+            return None
+        return f"the model call under way has run {took:.0f} s, longer than the timeout of {self.timeout:g} s"
+
     async def run(self) -> None:
         """Gather and run calls until cancelled; waiting requests get :class:`WorkerStopped` when it ends."""
         self._wake = asyncio.Event()
@@ -213,7 +253,7 @@ class Batcher:
             raise
         except BaseException as err:
             self.state = f"failed: {type(err).__name__}: {err}"
-            print(f"zhie serve: the batching worker {self.state}", file=sys.stderr)
+            logger.error("the batching worker %s", self.state, exc_info=err)
             raise
         finally:
             while self.waiting:
@@ -243,14 +283,16 @@ class Batcher:
             n += len(job.texts)
         return jobs
 
-    async def _call(self, texts: list[str]) -> list:
+    async def _call(self, jobs: list[_Job]) -> list:
+        texts = [t for j in jobs for t in j.texts]
         self.calls += 1
         self.texts += len(texts)
         self.running, self.running_since = len(texts), asyncio.get_running_loop().time()
+        self.running_jobs, self.cancelled = jobs, threading.Event()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.fn, texts)
+            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.fn, texts, self.cancelled)
         finally:
-            self.running, self.running_since = 0, None
+            self.running, self.running_since, self.running_jobs = 0, None, []
         if len(results) != len(texts):
             raise RuntimeError(f"the model returned {len(results)} results for {len(texts)} texts")
         return results
@@ -268,7 +310,7 @@ class Batcher:
         if not jobs:
             return
         try:
-            results = await self._call([t for j in jobs for t in j.texts])
+            results = await self._call(jobs)
         except Exception as err:
             if len(jobs) == 1:
                 _settle(jobs[0].future, error=err)
@@ -277,7 +319,7 @@ class Batcher:
                 if job.future.done():
                     continue
                 try:
-                    _settle(job.future, await self._call(job.texts))
+                    _settle(job.future, await self._call([job]))
                 except Exception as one:
                     _settle(job.future, error=one)
             return
@@ -342,22 +384,48 @@ def _page_files() -> dict[str, tuple[bytes, str]]:
     return {route: ((folder / name).read_bytes(), kind) for route, (name, kind) in PAGE_FILES.items()}
 
 
-class BodyLimit:
-    """ASGI middleware: reads a request's body, counting the bytes as they arrive (a ``Content-Length`` over the
-    limit is refused before reading, a chunked body at the first chunk past it), and hands the app the whole body;
-    413 (and the connection closed) for a body over ``limit`` bytes."""
+class Gate:
+    """ASGI middleware: what a request must pass before its body is read, cheapest first, each from the headers: the
+    API key (401), the cap on requests in flight (503 with ``Retry-After``), the body's declared size (413); then it
+    reads the body, counting the bytes as they arrive (413 and the connection closed at the first chunk past the
+    limit), and hands the app the whole body. The ``open_paths`` (``/health``, the page, the API description) need no
+    key and are not counted. ``service.in_flight`` counts the requests it let through that are not answered yet."""
 
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app, service: Service, api_key: str | None, open_paths: frozenset[str]) -> None:
+        self.app, self.service, self.api_key, self.open_paths = app, service, api_key, open_paths
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["path"] in self.open_paths:
+            await self._read(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.api_key is not None:
+            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.api_key.encode()):
+                await _refuse(scope, receive, send, 401, "missing or wrong API key: send the header "
+                              "'Authorization: Bearer KEY'", {"WWW-Authenticate": "Bearer"})
+                return
+        limit = self.service.limits.max_in_flight
+        if self.service.in_flight >= limit:
+            await _refuse(scope, receive, send, 503, f"the server is busy: it has the most requests in flight it "
+                          f"takes ({limit}, --max-in-flight); retry in {RETRY_AFTER_S} s",
+                          {"Retry-After": str(RETRY_AFTER_S)})
+            return
+        self.service.in_flight += 1
+        try:
+            await self._read(scope, receive, send)
+        finally:
+            self.service.in_flight -= 1
+
+    async def _read(self, scope, receive, send) -> None:
+        limit = self.service.limits.body_bytes
         length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
-        if not length.isdigit() or int(length) > self.limit:
-            await self._refuse(scope, receive, send,
-                               f"request body of {length} bytes is over the limit of {self.limit} bytes")
+        if not length.isdigit() or int(length) > limit:
+            await _refuse(scope, receive, send, 413, f"request body of {length} bytes is over the limit of {limit} "
+                                                     "bytes")
             return
         chunks, size, more = [], 0, True
         while more:
@@ -367,9 +435,9 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             more = message.get("more_body", False)
-            if size > self.limit:
-                await self._refuse(scope, receive, send, f"request body over the limit of {self.limit} bytes "
-                                                         f"(reading stopped at {size} bytes)")
+            if size > limit:
+                await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
+                                                         f"stopped at {size} bytes)")
                 return
         body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
@@ -378,21 +446,11 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(scope, receive, send, detail: str) -> None:
-        await JSONResponse({"detail": detail}, status_code=413, headers={"Connection": "close"})(scope, receive, send)
 
-
-def _authoriser(api_key: str | None) -> Callable[[Request], None]:
-    def authorise(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), api_key.encode()):
-            raise HTTPException(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
-                                headers={"WWW-Authenticate": "Bearer"})
-
-    return authorise
+async def _refuse(scope, receive, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    """Answer ``status`` with ``detail`` and close the connection: the body, if any, is left unread."""
+    await JSONResponse({"detail": detail}, status_code=status,
+                       headers={**(headers or {}), "Connection": "close"})(scope, receive, send)
 
 
 class Service:
@@ -400,20 +458,31 @@ class Service:
     ``batchers`` maps ``"predict"`` and ``"embed"`` to the :class:`Batcher` of each (one model thread for both)."""
 
     def __init__(self, pipe, batching: Batching, limits: Limits) -> None:
-        if batching.max_queue < limits.max_texts:
-            raise ValueError(f"max_queue ({batching.max_queue} texts) must hold one request of max_texts "
-                             f"({limits.max_texts})")
+        per = 2 if hasattr(pipe, "encode") else 1  # /similarity embeds both texts of its pairs in one request
+        if batching.max_queue < per * limits.max_texts:
+            what = "/similarity request (two texts a pair)" if per == 2 else "request"
+            raise ValueError(f"a queue of {batching.max_queue} texts (max_queue, --max-queue) cannot hold one {what} "
+                             f"of max_texts (--max-texts {limits.max_texts}): it needs room for "
+                             f"{per * limits.max_texts} texts, and would be answered 503 forever; give --max-queue "
+                             f"{per * limits.max_texts} or more, or --max-texts {batching.max_queue // per} or fewer")
         self.pipe, self.task, self.batching, self.limits = pipe, pipe.task, batching, limits
+        self.in_flight = 0  # requests let through by the Gate and not answered yet
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhie-model")
         self.batchers = {name: Batcher(fn, executor, batching.max_batch, batching.max_wait_ms, batching.max_queue,
                                        batching.timeout)
                          for name, fn in (("predict", self._predict), ("embed", self._embed))}
 
-    def _grouped(self, fn: Callable[..., Sequence], texts: list[str]) -> list:
-        """``fn(texts)`` in forward passes of similar lengths (:func:`length_groups`; characters stand for tokens)."""
+    def _grouped(self, fn: Callable[..., Sequence], texts: list[str], cancelled: threading.Event) -> list:
+        """``fn(texts)`` in forward passes of similar lengths (:func:`length_groups`; characters stand for tokens),
+        stopping before the next pass once ``cancelled`` is set (:class:`Abandoned`)."""
         size = self.batching.batch_size
         results: list = [None] * len(texts)
-        for group in length_groups([len(t) + 2 for t in texts], size):
+        groups = length_groups([len(t) + 2 for t in texts], size)
+        for done, group in enumerate(groups):
+            if cancelled.is_set():
+                logger.warning("a model call of %d texts stopped after %d of its %d forward passes: none of its "
+                               "requests waits any more", len(texts), done, len(groups))
+                raise Abandoned(f"no request waits for this call; {done} of {len(groups)} forward passes ran")
             out = fn([texts[i] for i in group], batch_size=size)
             if len(out) != len(group):
                 raise RuntimeError(f"the model returned {len(out)} results for {len(group)} texts")
@@ -421,11 +490,15 @@ class Service:
                 results[i] = result
         return results
 
-    def _predict(self, texts: list[str]) -> list:  # in the model thread
-        return [self.task.to_json(p) for p in self._grouped(self.pipe.predict, texts)]
+    def _predict(self, texts: list[str], cancelled: threading.Event) -> list:  # in the model thread
+        return [self.task.to_json(p) for p in self._grouped(self.pipe.predict, texts, cancelled)]
 
-    def _embed(self, texts: list[str]) -> list:  # in the model thread
-        return self._grouped(self.pipe.encode, texts)
+    def _embed(self, texts: list[str], cancelled: threading.Event) -> list:  # in the model thread
+        return self._grouped(self.pipe.encode, texts, cancelled)
+
+    def stuck(self) -> str | None:
+        """Why the one model thread is taken to be stuck (:meth:`Batcher.stuck`; both batchers share it), or None."""
+        return next((why for b in self.batchers.values() if (why := b.stuck())), None)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
@@ -448,6 +521,9 @@ class Service:
 
     async def run(self, name: str, texts: list[str]) -> list:
         """The batcher's results for ``texts``, its errors as HTTP answers."""
+        if texts and (why := self.stuck()):
+            raise HTTPException(503, f"the server cannot run the model now: {why}; retry in {RETRY_AFTER_S} s "
+                                     "(GET /health says when it is free)", headers={"Retry-After": str(RETRY_AFTER_S)})
         try:
             return await self.batchers[name].submit(texts)
         except QueueFull as err:
@@ -460,7 +536,7 @@ class Service:
         except ValueError as err:  # the model refuses these texts
             raise HTTPException(400, str(err)) from None
         except Exception as err:
-            print(f"zhie serve: {type(err).__name__}: {err}", file=sys.stderr)
+            logger.error("the model failed on a request to /%s; answered 500", name, exc_info=err)
             raise HTTPException(500, f"the model failed on this request ({type(err).__name__}); "
                                      "other requests are not affected") from None
 
@@ -493,17 +569,23 @@ class Service:
                              for a, b, u, v in zip(body.a, body.b, vectors[:n], vectors[n:])])
 
     def health(self) -> tuple[dict, bool, bool]:
-        """``/health``'s answer, whether every worker runs (live), and whether each also has room (ready)."""
+        """``/health``'s answer, whether every worker runs and the model thread is not stuck (live), and whether each
+        worker also has room (ready); ``reason`` says why not."""
         workers = {name: b.report() for name, b in self.batchers.items()}
-        live = all(b.state == "running" for b in self.batchers.values())
-        ready = live and all(b.has_room() for b in self.batchers.values())
-        status = "ok" if ready else "busy" if live else "unavailable"
-        return {"status": status, "live": live, "ready": ready, "workers": workers}, live, ready
+        stopped = next((f"the {name} batching worker is {b.state}" for name, b in self.batchers.items()
+                        if b.state != "running"), None)
+        full = next((f"the {name} queue is full ({b.queued} of {b.max_queue} texts)" for name, b in
+                     self.batchers.items() if not b.has_room()), None)
+        stuck = self.stuck()
+        live = stopped is None and stuck is None
+        ready = live and full is None
+        status = "ok" if ready else "busy" if live else "stuck" if stopped is None else "unavailable"
+        return {"status": status, "live": live, "ready": ready, "reason": stopped or stuck or full,
+                "requests_in_flight": self.in_flight, "max_in_flight": self.limits.max_in_flight,
+                "workers": workers}, live, ready
 
 
-def _add_api_routes(app: FastAPI, service: Service, info: dict, api_key: str | None) -> None:
-    auth = [Depends(_authoriser(api_key))]
-
+def _add_api_routes(app: FastAPI, service: Service, info: dict) -> None:
     @app.get("/health")
     async def health() -> JSONResponse:
         body, live, _ = service.health()
@@ -514,13 +596,13 @@ def _add_api_routes(app: FastAPI, service: Service, info: dict, api_key: str | N
         body, _, is_ready = service.health()
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
-    @app.get("/info", dependencies=auth)
+    @app.get("/info")
     async def get_info() -> dict:
         return info
 
-    app.post("/predict", dependencies=auth, response_model=list[dict])(service.predict)
-    app.post("/embed", dependencies=auth, response_model=list[dict])(service.embed)
-    app.post("/similarity", dependencies=auth, response_model=list[dict])(service.similarity)
+    app.post("/predict", response_model=list[dict])(service.predict)
+    app.post("/embed", response_model=list[dict])(service.embed)
+    app.post("/similarity", response_model=list[dict])(service.similarity)
 
 
 def _add_page_routes(app: FastAPI) -> None:
@@ -545,8 +627,10 @@ def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None 
     app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
                   description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
     app.state.batchers = service.batchers
-    app.add_middleware(BodyLimit, limit=limits.body_bytes)
-    _add_api_routes(app, service, info, api_key)
+    open_paths = {"/health", "/health/ready", *PAGE_FILES, app.docs_url, app.redoc_url, app.openapi_url,
+                  app.swagger_ui_oauth2_redirect_url}
+    app.add_middleware(Gate, service=service, api_key=api_key, open_paths=frozenset(open_paths - {None}))
+    _add_api_routes(app, service, info)
     _add_page_routes(app)
     return app
 
@@ -582,5 +666,7 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, batching
         print(f"zhie serve: listening on {host} without an API key: anyone who can reach it can use the model",
               file=sys.stderr)
     app = create_app(pipe, batching=batching, limits=limits, api_key=api_key)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # zhie's records (a 500's traceback) with uvicorn's
+    log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config)
 
