@@ -5,7 +5,8 @@
 Three processes on disjoint CPUs (Linux CPU affinity), so that the client does not share the server's cores:
 
 1. offline: a fresh process on ``--server-cpus`` loads the model and times ``zhie predict``'s own path
-   (``zhie.cli.prediction_lines`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``)
+   (``Pipeline.stream`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``, each
+   prediction written as ``zhie.cli.output_line`` writes it)
    over all the texts, after a warm-up call -> sentences/s;
 2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--batch-size``;
 3. the client: this process, on ``--client-cpus``: for each concurrency level N, N keep-alive connections each send one
@@ -50,14 +51,15 @@ OFFLINE = """
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[3]))
 import zhie
-from zhie.cli import prediction_lines
-from zhie.deploy.stream import chunks
+from zhie.cli import output_line
+from zhie.deploy.stream import Line
 texts = json.load(open(sys.argv[1], encoding="utf-8"))
 batch_size, chunk_lines = int(sys.argv[4]), int(sys.argv[5])
 pipe = zhie.load(sys.argv[2])
-prediction_lines(pipe, texts[:batch_size], batch_size)  # warm-up
+pipe.predict(texts[:batch_size], batch_size)  # warm-up
 t0 = time.perf_counter()
-n = sum(len(prediction_lines(pipe, chunk, batch_size)) for chunk in chunks(texts, chunk_lines))
+n = sum(len(output_line(pipe.task, Line(None, i, t), p)) > 0 for i, (t, p) in
+        enumerate(zip(texts, pipe.stream(texts, batch_size=batch_size, chunk_size=chunk_lines))))
 print(json.dumps({"sentences": n, "seconds": time.perf_counter() - t0}))
 """
 

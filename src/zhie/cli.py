@@ -316,8 +316,8 @@ def cmd_eval(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    """``zhie predict``: JSON lines ``{"text", OUTPUT_KEY}`` in input order, streamed chunk by chunk
-    (:mod:`zhie.deploy.stream`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
+    """``zhie predict``: JSON lines ``{"text", OUTPUT_KEY}``, one per input, in input order, streamed
+    (:func:`write_outputs`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
     import zhie
 
     if args.ray:
@@ -325,14 +325,47 @@ def cmd_predict(args) -> None:
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
-                                  skip_bad_lines=args.skip_bad_lines)
+                                  skip_bad_lines=args.skip_bad_lines, input_format=args.input_format)
         return
-    reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
+    if args.output:
+        check_file_target(Path(args.output))
+    write_outputs(args, zhie.load(args.model, precision=args.precision))
+
+
+def cmd_task_command(args) -> None:
+    """A task's own command over texts (``zhie segment``, ``zhie embed``; :class:`zhie.tasks.base.TextCommand`): load
+    the model, check its task, and stream (:func:`write_outputs`)."""
+    import zhie
+
+    command = args.task_command
     if args.output:
         check_file_target(Path(args.output))
     pipe = zhie.load(args.model, precision=args.precision)
-    stream.write_lines(args.output, (prediction_lines(pipe, texts, args.batch_size, args.max_tokens)
-                                     for texts in stream.chunks(reader, args.chunk_lines)))
+    if not isinstance(pipe.task, command.task):
+        raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a "
+                         f"{command.task.name} model")
+    write_outputs(args, pipe, command)
+
+
+def write_outputs(args, pipe, command=None) -> None:
+    """Stream the input of ``args`` (texts, then ``--input`` files: :class:`zhie.deploy.stream.TextReader`) through
+    ``pipe.stream`` and write one output per input line, in order (:func:`output_line`), to stdout or ``--output``;
+    the rows of an ``.npy`` file and its mask for a command with ``vectors`` and ``--output``."""
+    reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines,
+                               input_format=args.input_format, command=args.command)
+    options = command.options(args) if command is not None and command.options is not None else {}
+    results = stream.predicted(reader, lambda texts: pipe.stream(texts, batch_size=args.batch_size,
+                                                                 max_tokens=args.max_tokens,
+                                                                 chunk_size=args.chunk_lines, **options))
+    if command is not None and command.vectors and args.output:
+        rows = ((vector, line.error is None and bool(line.text.strip())) for line, vector in results)
+        shape = stream.write_npy(args.output, rows, args.chunk_lines)
+        print(f"{args.output}: {' x '.join(map(str, shape))} float32; {stream.mask_path(args.output)}: which rows "
+              f"hold a text's vector (the others, of blank or skipped lines, are zeros)", file=sys.stderr)
+    else:
+        plain = command.plain if command is not None and command.plain is not None and not args.json else None
+        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain) for line, p in results),
+                           args.chunk_lines)
     reader.report()
 
 
@@ -341,33 +374,16 @@ def cmd_predict(args) -> None:
 JSON_LINE = json.JSONEncoder(ensure_ascii=False)
 
 
-def prediction_lines(pipe, texts: list[str], batch_size: int = 32, max_tokens: int | None = None) -> list[str]:
-    """The JSON lines of ``zhie predict`` for ``texts``, in their order."""
-    task, encode = pipe.task, JSON_LINE.encode
-    return [encode({"text": text, task.output_key: task.to_json(prediction)})
-            for text, prediction in zip(texts, pipe.predict(texts, batch_size=batch_size, max_tokens=max_tokens))]
-
-
-def cmd_task_command(args) -> None:
-    """A task's own command (``zhie segment``, ``zhie embed``): load the model, check its task, run the command's
-    handler on each of the input's chunks and write what it returns: the rows of its vectors into the ``.npy`` file of
-    ``--output`` when it has vectors, else its lines (:func:`zhie.tasks.base.add_text_command`)."""
-    import zhie
-
-    cls, lines, vectors = args.task_command
-    reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines, command=args.command)
-    if args.output:
-        check_file_target(Path(args.output))
-    pipe = zhie.load(args.model, precision=args.precision)
-    if not isinstance(pipe.task, cls):
-        raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a {cls.name} model")
-    chunks = stream.chunks(reader, args.chunk_lines)
-    if vectors is not None and args.output:
-        rows, width = stream.write_npy(args.output, (vectors(pipe, texts, args) for texts in chunks))
-        print(f"{args.output}: {rows} x {width} float32", file=sys.stderr)
-    else:
-        stream.write_lines(args.output, (lines(pipe, texts, args) for texts in chunks))
-    reader.report()
+def output_line(task, line: stream.Line, prediction, plain=None) -> str:
+    """The output line of one input ``line`` of ``zhie predict`` (``segment``, ``embed``): ``{"text", OUTPUT_KEY}``
+    with the task's JSON of ``prediction``, or ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain
+    lines); for a bad line skipped with ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
+    if line.error is not None:
+        return "" if plain is not None else JSON_LINE.encode({"file": line.path, "line": line.number,
+                                                              "error": line.error})
+    if plain is not None:
+        return plain(prediction)
+    return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
 
 
 def cmd_demo(args) -> None:
@@ -443,15 +459,14 @@ def calibration_texts(path: str, n: int) -> list[str]:
     """The first ``n`` texts of ``zhie export --calibrate FILE`` (:func:`zhie.data.base.read_texts`' lines)."""
     from itertools import islice
 
-    from zhie.data.base import iter_lines, text_of_line
+    from zhie.data.base import iter_texts
 
     if n < 1:
         raise ValueError(f"--calibrate-lines {n}: give a positive number of texts (default 200)")
     if not Path(path).is_file():
         raise FileNotFoundError(f"--calibrate {path}: no such file; give a text file, one text per line (or JSON "
                                 f"lines with a field 'text', e.g. the model's training file)")
-    texts = list(islice((t for lineno, line in iter_lines(path) if (t := text_of_line(path, lineno, line)) is not None),
-                        n))
+    texts = list(islice((text for _, text in iter_texts(path) if text is not None), n))
     if not texts:
         raise ValueError(f"--calibrate {path}: the file has no text (blank lines are skipped); give a file of the "
                          f"texts the model will read, one per line")

@@ -56,11 +56,25 @@ def check_file_target(path: Path) -> None:
                                 "somewhere else")
 
 
-def atomic_write(path: Path, write: Callable[[object], None]) -> None:
-    """Call ``write(binary_file)`` on a temporary file next to ``path``, fsync, then rename it to ``path``."""
+PARTIAL = ".partial"  # atomic_write(keep_partial=True): PATH.partial, what a failed write leaves
+
+
+def partial_path(path: Path) -> Path:
+    """Where :func:`atomic_write` with ``keep_partial`` writes ``path`` before renaming it: ``PATH.partial``."""
+    return Path(path).with_name(Path(path).name + PARTIAL)
+
+
+def atomic_write(path: Path, write: Callable[[object], None], *, keep_partial: bool = False) -> None:
+    """Call ``write(binary_file)`` on a temporary file next to ``path``, fsync, then rename it to ``path``. If ``write``
+    raises, ``path`` is as it was and the temporary file is removed; with ``keep_partial`` it is ``PATH.partial``
+    (:func:`partial_path`), which is kept, holding what ``write`` wrote before it raised (a long job's output)."""
     path = Path(path)
     check_file_target(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if keep_partial:
+        tmp = partial_path(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o666 & ~umask())
@@ -69,8 +83,9 @@ def atomic_write(path: Path, write: Callable[[object], None]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if not keep_partial:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 PathLike = str | os.PathLike
 
@@ -54,18 +55,52 @@ def json_line(path: PathLike, lineno: int, line: str) -> dict:
     return record
 
 
-def read_texts(path: PathLike) -> list[str]:
-    """One text per line, or JSON lines with a string field "text" (blank lines skipped); bad lines raise
-    :class:`DataError`."""
-    return [text for lineno, line in iter_lines(path) if (text := text_of_line(path, lineno, line)) is not None]
+TEXT_FORMATS = ("auto", "text", "jsonl")  # --input-format: how a file of texts is read
 
 
-def text_of_line(path: PathLike, lineno: int, line: str) -> str | None:
-    """The text of one line of :func:`read_texts`' input: the line, or its JSON object's string field "text"; None
-    for a blank line."""
+def text_format(path: PathLike, raw_lines: Iterable[bytes], format: str = "auto") -> tuple[str, Iterator[bytes]]:
+    """How the file ``path``, whose lines (bytes, as read in binary) are ``raw_lines``, holds its texts, decided once
+    for the whole file: ``"text"`` (one text per line) or ``"jsonl"`` (a JSON object with a string field "text" per
+    line); and the lines, none consumed. ``format`` ``"text"`` or ``"jsonl"`` decides; ``"auto"``: JSON lines for a name
+    ending in .jsonl or .json, or else when the first non-blank line starts with "{" (the lines before it are held and
+    given back), one text per line otherwise."""
+    if format not in TEXT_FORMATS:
+        raise ValueError(f"unknown input format {format!r}; use one of {', '.join(TEXT_FORMATS)}")
+    lines = iter(raw_lines)
+    if format != "auto":
+        return format, lines
+    if str(path).lower().endswith((".jsonl", ".json")):
+        return "jsonl", lines
+    head = []
+    for raw in lines:
+        head.append(raw)
+        first = raw.decode("utf-8", "replace").lstrip("\ufeff").strip()
+        if first:
+            return ("jsonl" if first.startswith("{") else "text"), itertools.chain(head, lines)
+    return "text", iter(head)
+
+
+def iter_texts(path: PathLike, format: str = "auto") -> Iterator[tuple[int, str | None]]:
+    """``(line number, text)`` of each line of a file of texts (:func:`text_format`; None for a blank line), read
+    lazily; a bad line raises :class:`DataError`."""
+    with open(path, "rb") as f:
+        format, lines = text_format(path, f, format)
+        for lineno, raw in enumerate(lines, 1):
+            yield lineno, text_of_line(path, lineno, decode_line(path, lineno, raw), format)
+
+
+def read_texts(path: PathLike, format: str = "auto") -> list[str]:
+    """The texts of a file: one per line, or JSON lines with a string field "text" (:func:`text_format`, for the whole
+    file); blank lines skipped, bad lines raise :class:`DataError`."""
+    return [text for _, text in iter_texts(path, format) if text is not None]
+
+
+def text_of_line(path: PathLike, lineno: int, line: str, format: str) -> str | None:
+    """The text of one line of a file of texts in ``format`` (:func:`text_format`): the line itself (``"text"``), or
+    its JSON object's string field "text" (``"jsonl"``); None for a blank line."""
     if not line.strip():
         return None
-    if not line.lstrip().startswith("{"):
+    if format == "text":
         return line
     record = json_line(path, lineno, line)
     if not isinstance(record.get("text"), str):

@@ -26,6 +26,7 @@ import ray
 
 from zhie.core.files import replace_dir
 from zhie.data import DataError
+from zhie.data.base import text_format
 from zhie.deploy.stream import TextReader
 
 __all__ = ["input_files", "pieces", "predict_files", "read_rows"]
@@ -46,33 +47,35 @@ def input_files(paths: list[str]) -> list[str]:
     return files
 
 
-def pieces(path: str, lines: int) -> list[dict]:
-    """The pieces ``{"file", "first", "start", "end"}`` of the input file ``path``: ``lines`` lines each from line
-    ``first`` (1-based), bytes ``start`` to ``end``; a Parquet file's are its row groups (``start``: the group, ``end``:
+def pieces(path: str, lines: int, input_format: str = "auto") -> list[dict]:
+    """The pieces ``{"file", "first", "start", "end", "format"}`` of the input file ``path``: ``lines`` lines each from
+    line ``first`` (1-based), bytes ``start`` to ``end``, read as ``format`` (``text`` or ``jsonl``: decided once for
+    the file, :func:`zhie.data.base.text_format`); a Parquet file's are its row groups (``start``: the group, ``end``:
     None)."""
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         meta, first, out = pq.ParquetFile(path).metadata, 1, []
         for group in range(meta.num_row_groups):
-            out.append({"file": path, "first": first, "start": group, "end": None})
+            out.append({"file": path, "first": first, "start": group, "end": None, "format": "parquet"})
             first += meta.row_group(group).num_rows
         return out
     out, first, start, end = [], 1, 0, 0
     with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
+        format, raws = text_format(path, f, input_format)
+        for n, raw in enumerate(raws, 1):
             end += len(raw)
             if n % lines == 0:
-                out.append({"file": path, "first": first, "start": start, "end": end})
+                out.append({"file": path, "first": first, "start": start, "end": end, "format": format})
                 first, start = n + 1, end
     if end > start:
-        out.append({"file": path, "first": first, "start": start, "end": end})
+        out.append({"file": path, "first": first, "start": start, "end": end, "format": format})
     return out
 
 
 def read_piece(piece: dict, skip_bad_lines: bool = False) -> list[dict]:
     """The rows ``{"file", "line", "text"}`` of one piece of an input file (a bad line raises :class:`DataError`, or is
-    skipped)."""
+    skipped; a blank line has no row: the rows say which line they are)."""
     path, first = piece["file"], piece["first"]
     if piece["end"] is None:
         import pyarrow.parquet as pq
@@ -83,13 +86,15 @@ def read_piece(piece: dict, skip_bad_lines: bool = False) -> list[dict]:
                 raise DataError(path, i, f"row {i}: 'text' is {text!r}, not a string; fix or drop the row")
         return [{"file": path, "line": i, "text": text} for i, text in enumerate(texts, first)]
     reader = TextReader([], [], skip_bad_lines=skip_bad_lines)
-    return [{"file": path, "line": n, "text": text}
-            for n, text in reader.numbered(path, piece["start"], piece["end"], first)]
+    return [{"file": path, "line": line.number, "text": line.text}
+            for line in reader.numbered(path, piece["start"], piece["end"], first, piece["format"])
+            if line.error is None and line.text]
 
 
-def read_rows(files: list[str], rows: int, skip_bad_lines: bool = False) -> ray.data.Dataset:
+def read_rows(files: list[str], rows: int, skip_bad_lines: bool = False, input_format: str = "auto"
+              ) -> ray.data.Dataset:
     """The rows of ``files``, one Ray task (and block) per piece of ``rows`` lines (:func:`pieces`)."""
-    parts = [piece for f in files for piece in pieces(f, rows)]
+    parts = [piece for f in files for piece in pieces(f, rows, input_format)]
     return ray.data.from_items(parts, override_num_blocks=max(len(parts), 1)).flat_map(
         read_piece, fn_kwargs={"skip_bad_lines": skip_bad_lines}, num_cpus=0.25)
 
@@ -119,12 +124,12 @@ class Predictor:
 def predict_files(model: str, inputs: list[str], output: str | None, *, address: str | None = None,
                   workers: int | None = None, cpus_per_worker: float = 1.0, precision: str = "fp32",
                   batch_size: int = 32, max_tokens: int | None = None, rows: int = 4096,
-                  skip_bad_lines: bool = False) -> None:
+                  skip_bad_lines: bool = False, input_format: str = "auto") -> None:
     """Predict every text of ``inputs`` with ``workers`` model replicas and write sharded JSON lines into the
     directory ``output`` (see the module's docstring). Joins the Ray cluster at ``address`` (default: ``RAY_ADDRESS``,
     else a new local instance, shut down at the end) unless this process is already connected to one.
     ``skip_bad_lines``: leave out the lines :class:`~zhie.deploy.stream.TextReader` rejects (they are not counted
-    here)."""
+    here); ``input_format``: how a text file holds its texts (:func:`zhie.data.base.text_format`)."""
     if not output:
         raise ValueError("--ray writes a directory of JSON-lines shards: give --output DIRECTORY")
     local = "://" not in output
@@ -140,7 +145,7 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
         workers = workers or gpus or 1
 
         def write(target) -> None:
-            ds = read_rows(files, rows, skip_bad_lines)
+            ds = read_rows(files, rows, skip_bad_lines, input_format)
             ds = ds.map_batches(Predictor, fn_constructor_kwargs={"model": model, "precision": precision,
                                                                  "batch_size": batch_size, "max_tokens": max_tokens},
                                 batch_size=rows, batch_format="pandas", concurrency=workers,

@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
 from zhie.core import card
 from zhie.core.files import replace_dir
 from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
+from zhie.data.base import TEXT_FORMATS
 from zhie.precision import PRECISIONS, autocast
 from zhie.version import __version__
 
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 META_FILE = "zhie.json"
 HEAD_FILE = "head.safetensors"
 MODEL_FORMAT = 2  # 1: zhie 0.1.0 before the task protocol (one model class per task); 2: encoder + named heads
+CHUNK_LINES = 4096  # texts read and predicted at a time by Pipeline.stream (zhie predict's --chunk-lines)
+T = TypeVar("T")
 
 
 # ------------------------------------------------------------------------------------------------- model directories
@@ -491,34 +494,59 @@ def only_auto_format(format: str, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- commands over texts
-CHUNK_LINES = 4096
+
+@dataclass(frozen=True)
+class TextCommand:
+    """A task's own command over texts (:func:`add_text_command`): the CLI streams its input through the pipeline's
+    ``stream`` and writes one output per input, as ``zhie predict`` does (JSON lines ``{"text", output_key}``), or:
+
+    ``plain``: the line of one prediction (``zhie segment``'s words) when the command writes plain lines (it then
+    has ``--json`` for the JSON lines); ``vectors``: the predictions are vectors, which ``--output FILE.npy`` writes as
+    one array; ``options``: the keywords of the pipeline's ``stream`` that the command's own flags give (``zhie
+    embed --no-normalize``)."""
+
+    task: type[Task]
+    plain: Callable[[Any], str] | None = None
+    vectors: bool = False
+    options: Callable[[argparse.Namespace], dict] | None = None
 
 
-def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, lines,
-                     batch_size: int = 32, vectors=None, **flags) -> argparse.ArgumentParser:
-    """A task's own command over a model and texts (``zhie segment``, ``zhie embed``): the CLI loads the model,
-    checks that it is a ``task`` model, reads the input lazily in chunks of ``--chunk-lines`` texts and writes the
-    output of each chunk before it reads the next (:mod:`zhie.deploy.stream`): ``lines(pipeline, texts, args)``, a
-    list of lines; or, when the command has ``vectors`` (same arguments, a float32 matrix) and ``--output`` is given,
-    the rows of that matrix into the ``.npy`` file. ``flags``: keywords of :func:`add_prediction_flags`
-    (``output_help``)."""
+def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, *,
+                     plain: Callable[[Any], str] | None = None, vectors: bool = False,
+                     options: Callable[[argparse.Namespace], dict] | None = None, batch_size: int = 32,
+                     **flags) -> argparse.ArgumentParser:
+    """A task's own command over a model and texts (``zhie segment``, ``zhie embed``; :class:`TextCommand`): the CLI
+    loads the model, checks that it is a ``task`` model, streams the input and writes each prediction as it comes
+    (:mod:`zhie.deploy.stream`). ``flags``: keywords of :func:`add_prediction_flags` (``output_help``)."""
     p = commands.add_parser(name, help=help)
     p.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(p, batch_size, **flags)
-    p.set_defaults(task_command=(task, lines, vectors))
+    if plain is not None:
+        p.add_argument("--json", action="store_true",
+                       help=f'JSON lines {{"text", "{task.output_key}"}} as zhie predict writes them, not plain lines')
+    p.set_defaults(task_command=TextCommand(task, plain, vectors, options))
     return p
 
 
-def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32,
-                         output_help: str = "write the JSON lines to this file (all or nothing) instead of stdout"
-                         ) -> None:
+OUTPUT_HELP = ("write the lines to FILE instead of stdout: to FILE.partial as they come, renamed to FILE at the end; "
+               "after a failure FILE.partial keeps the lines done")
+
+
+def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32, output_help: str = OUTPUT_HELP) -> None:
     """The input, output and batching flags that ``zhie predict``, ``segment`` and ``embed`` share."""
     p.add_argument("texts", nargs="*", help="texts to process (or use --input)")
     p.add_argument("--input", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="one text per line, or JSON lines with a 'text' field; - reads stdin; read as a stream")
+                   help="one text per line, or JSON lines with a 'text' field (see --input-format); - reads stdin; "
+                        "read as a stream; one output per input line, in order (a blank line: an empty result)")
+    p.add_argument("--input-format", default="auto", choices=TEXT_FORMATS,
+                   help="text: every line is a text; jsonl: every line a JSON object with a string 'text'; auto "
+                        "(default): jsonl for a file named .jsonl or .json or whose first non-blank line starts with "
+                        "'{', else text (decided once per file, never per line)")
     p.add_argument("--output", default=None, metavar="FILE", help=output_help)
     p.add_argument("--skip-bad-lines", action="store_true",
-                   help="skip lines that are not UTF-8 or JSON without a string 'text' (their count goes to stderr)")
+                   help="go on past lines that are not UTF-8 or (JSON lines) not a JSON object with a string 'text': "
+                        "each still has its output line, {\"file\", \"line\", \"error\"} in JSON lines (an empty "
+                        "line in plain output, a row of zeros in an .npy file); their count goes to stderr")
     p.add_argument("--chunk-lines", type=positive_int, default=CHUNK_LINES,
                    help="texts read, sorted by length and written per chunk (memory is bounded by this)")
     p.add_argument("--batch-size", type=positive_int, default=batch_size, help="texts (windows) per model batch")
@@ -614,6 +642,14 @@ class Pipeline:
             return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
                                      max_tokens=max_tokens)
 
+    def stream(self, texts: Iterable[str], batch_size: int = 32, max_tokens: int | None = None,
+               chunk_size: int = CHUNK_LINES) -> Iterator:
+        """One prediction per text of ``texts`` (any iterable, read lazily: a file, a generator), in their order, as
+        ``predict`` gives it, with memory bounded by ``chunk_size``: that many texts are read and predicted at a time
+        (:func:`stream_predictions`). A blank text (empty, or only whitespace) gets the empty prediction: no entities,
+        words or triples; a sentence encoder's vector of zeros."""
+        return stream_predictions(lambda chunk: self.predict(chunk, batch_size, max_tokens), texts, chunk_size)
+
     def evaluate(self, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
         with self.autocast():
             return self.task.evaluate(self.model, examples, batch_size, max_tokens=max_tokens)
@@ -627,6 +663,29 @@ class Pipeline:
 
 
 Task.pipeline_class = Pipeline
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """``items`` in lists of ``size`` (the last one shorter), read lazily."""
+    if size < 1:
+        raise ValueError(f"a chunk holds at least one item, got a size of {size}")
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def stream_predictions(predict: Callable[[list[str]], Sequence], texts: Iterable[str], chunk_size: int) -> Iterator:
+    """The streaming of :meth:`Pipeline.stream` (and of a pipeline's own ``stream`` with other options): ``predict``
+    on each chunk of ``chunk_size`` texts (a list of texts -> one prediction per text, in order), every blank text
+    given as "" (whose prediction is empty), then the chunk's predictions one by one; the next chunk is read only when
+    they have been taken."""
+    for chunk in chunks(texts, chunk_size):
+        for i, text in enumerate(chunk):
+            if not isinstance(text, str):
+                raise TypeError(f"stream() predicts texts (str); got a {type(text).__name__} ({text!r:.40})")
+            if not text.strip():
+                chunk[i] = ""
+        yield from predict(chunk)
 
 
 def load_pipeline(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:

@@ -8,7 +8,6 @@ boundaries. ``predict`` always returns a partition of the text: joining the word
 
 from __future__ import annotations
 
-import json
 import os
 from bisect import bisect_left
 from collections import defaultdict
@@ -167,9 +166,7 @@ class CwsTask(NerTask):
 
     @classmethod
     def add_commands(cls, commands) -> None:
-        p = add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", segment,
-                             output_help="write the lines to this file (all or nothing) instead of stdout")
-        p.add_argument("--json", action="store_true", help="JSON lines with the words and their offsets")
+        add_text_command(commands, cls, "segment", "segment text into words with a trained cws model", plain=words_line)
 
     def save_files(self, directory: Path, prefix: str = "") -> None:
         """The training vocabulary (for OOV recall), one word a line."""
@@ -180,11 +177,6 @@ class CwsTask(NerTask):
         self.train_vocab = set(vocab_file.read_text(encoding="utf-8").split("\n")) if vocab_file.exists() else set()
 
 
-def segment(pipe: SegmenterPipeline, texts: list[str], args) -> list[str]:
-    """``zhie segment`` on one chunk of texts, its lines in input order: words separated by two spaces, or JSON lines
-    with ``--json``."""
-    words = pipe.predict(texts, batch_size=args.batch_size, max_tokens=args.max_tokens)
-    if args.json:
-        return [json.dumps({"text": t, "words": pipe.task.to_json(w)}, ensure_ascii=False)
-                for t, w in zip(texts, words)]
-    return ["  ".join(s.text for s in w if not s.text.isspace()) for w in words]
+def words_line(words: list) -> str:
+    """``zhie segment``'s line of one text's words (:class:`Span`): separated by two spaces, whitespace left out."""
+    return "  ".join(s.text for s in words if not s.text.isspace())

@@ -13,9 +13,9 @@ cosine and label.
 
 from __future__ import annotations
 
-import json
 import os
 import random
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +27,7 @@ from zhie.core.metrics import spearman
 from zhie.data.sts import Pair, read_pairs
 from zhie.tasks import register
 from zhie.tasks.base import (
+    CHUNK_LINES,
     Pipeline,
     Task,
     add_text_command,
@@ -36,6 +37,7 @@ from zhie.tasks.base import (
     only_auto_format,
     rename_weights,
     sorted_batches,
+    stream_predictions,
 )
 
 if TYPE_CHECKING:
@@ -84,6 +86,13 @@ class SentencePipeline(Pipeline):
         with self.autocast():
             return self.task.embed(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
                                    normalize, max_tokens)
+
+    def stream(self, texts: Iterable[str], batch_size: int = 64, max_tokens: int | None = None,
+               chunk_size: int = CHUNK_LINES, normalize: bool = True) -> Iterator[np.ndarray]:
+        """:meth:`Pipeline.stream` of ``encode``: one ``[hidden]`` vector per text, in order (zeros for a blank
+        text)."""
+        return stream_predictions(lambda chunk: self.encode(chunk, batch_size, normalize, max_tokens), texts,
+                                  chunk_size)
 
     def similarity(self, a: list[str] | str, b: list[str] | str, batch_size: int = 64) -> np.ndarray:
         """``[n]`` cosines of ``a[i]`` and ``b[i]`` (a single string counts as a list of one)."""
@@ -219,8 +228,9 @@ class SimilarityTask(Task):
 
     def embed(self, model, texts: list[str], batch_size: int = 64, normalize: bool = True,
               max_tokens: int | None = None) -> np.ndarray:
-        """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``); batches
-        as in :func:`sorted_batches`."""
+        """``[len(texts), hidden]`` float32 sentence vectors, in input order (L2-normalised if ``normalize``); a blank
+        text (empty or only whitespace) has the vector of zeros, which no text's normalised vector is; batches as in
+        :func:`sorted_batches`."""
         ids = self.token_ids(texts)
         out = None
         for batch_idx in sorted_batches([len(r) for r in ids], batch_size, max_tokens):
@@ -229,7 +239,10 @@ class SimilarityTask(Task):
             if out is None:
                 out = np.zeros((len(texts), vectors.shape[-1]), dtype=np.float32)
             out[batch_idx] = l2_normalize(vectors) if normalize else vectors
-        return out if out is not None else np.zeros((0, 0), dtype=np.float32)
+        if out is None:
+            return np.zeros((0, 0), dtype=np.float32)
+        out[[i for i, text in enumerate(texts) if not text.strip()]] = 0.0
+        return out
 
     def predict(self, model, texts: list[str], batch_size: int = 64, max_tokens: int | None = None) -> np.ndarray:
         return self.embed(model, texts, batch_size, normalize=True, max_tokens=max_tokens)
@@ -256,8 +269,12 @@ class SimilarityTask(Task):
     @classmethod
     def add_commands(cls, commands) -> None:
         p = add_text_command(commands, cls, "embed", "sentence vectors from a trained sentence-embedding model",
-                             embed_lines, batch_size=64, vectors=embed,
-                             output_help="write a [n, hidden] float32 .npy file (all or nothing) instead of JSON lines")
+                             vectors=True, options=embed_options, batch_size=64,
+                             output_help="write an [n, hidden] float32 .npy file instead of JSON lines, one row per "
+                                         "input line (zeros for a blank or skipped line), and its mask (v.npy: "
+                                         "v.mask.npy, [n] bool: True where the row is a text's vector); to "
+                                         "FILE.partial as they come, renamed at the end; after a failure the .partial "
+                                         "files keep the rows done")
         p.add_argument("--no-normalize", action="store_true", help="raw pooled vectors, not L2-normalised")
 
     @classmethod
@@ -266,12 +283,6 @@ class SimilarityTask(Task):
         return meta, rename_weights(weights, {"classifier.": None})
 
 
-def embed(pipe: SentencePipeline, texts: list[str], args) -> np.ndarray:
-    """``zhie embed --output FILE.npy`` on one chunk of texts: their vectors, in input order."""
-    return pipe.encode(texts, batch_size=args.batch_size, normalize=not args.no_normalize, max_tokens=args.max_tokens)
-
-
-def embed_lines(pipe: SentencePipeline, texts: list[str], args) -> list[str]:
-    """``zhie embed`` on one chunk of texts: a JSON line with each text's vector, in input order."""
-    return [json.dumps({"text": t, "embedding": pipe.task.to_json(v)}, ensure_ascii=False)
-            for t, v in zip(texts, embed(pipe, texts, args))]
+def embed_options(args) -> dict:
+    """The keywords of :meth:`SentencePipeline.stream` that ``zhie embed``'s flags give."""
+    return {"normalize": not args.no_normalize}
