@@ -62,7 +62,7 @@ def cmd_pretrain(args) -> None:
     general = [DATA / "corpus/wiki.txt", DATA / "corpus/medical.txt"]
     corpus = general if args.corpus == "general" else medical_corpus(out)
     cpu, wall = time.process_time(), time.perf_counter()
-    result = pretrain(corpus, SIZES[args.family], out, config=config, resume=args.resume, overwrite=not args.resume,
+    result = pretrain(corpus, SIZES[args.family], out, config=config, resume=args.resume,
                       time_limit_s=args.time_limit * 60 if args.time_limit else None, progress=not args.quiet)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     from zhie import encoders

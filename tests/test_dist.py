@@ -168,7 +168,7 @@ def pretrain_runs(tmp_path_factory) -> dict:
     args = ["--corpus", tmp / "wiki.txt", *PRETRAIN]
     launch(1, "-m", "zhie", "pretrain", "--out", tmp / "one" / "out", *args, "--batch-size", 8)
     two = [torchrun(2, tmp / f"results-{name}", "pretrain", tmp / "two" / "out", *args, "--batch-size", 4, *flags)
-           for name, flags in (("first", ["--stop-after", 4]), ("resumed", ["--resume"]))]
+           for name, flags in (("first", ["--stop-after", 4]), ("resumed", []))]
     return {"one": tmp / "one" / "out", "two": tmp / "two" / "out", "launches": two}
 
 

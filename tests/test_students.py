@@ -166,6 +166,8 @@ def test_stored_targets_are_read_back_and_another_teacher_is_refused(ner_files, 
     assert all(torch.equal(a.target[1], b.target[1]) for a, b in zip(again["lessons"], first["lessons"]))
     with pytest.raises(ValueError, match="resuming would mix two runs"):
         distill_student([teacher], ner_files / "train.jsonl", temperature=2.0, **args)
+    with pytest.raises(ValueError, match=r"(?s)would mix two runs.*student\.hard_weight: 0\.5 -> 0\.9.*--no-resume"):
+        distill_student([teacher], ner_files / "train.jsonl", hard_weight=0.9, **args)  # the same targets, other recipe
 
 
 def test_an_ensemble_of_one_teacher_twice_stores_that_teachers_targets(ner_files, tmp_path):

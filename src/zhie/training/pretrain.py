@@ -610,16 +610,17 @@ def _on_cpu(device: str | None) -> bool:
 
 
 def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: PretrainConfig | None = None,
-             resume: bool = False, overwrite: bool = False, stop_after: int | None = None,
+             resume: bool = True, stop_after: int | None = None,
              time_limit_s: float | None = None, device: str | None = None, progress: bool = True,
              log: Callable[[str], None] | None = None) -> dict:
     """MLM-train ``encoder`` (a name or directory for :func:`zhie.encoders.load`, or a ``new:FAMILY:...`` spec) on
     the text files ``corpus_paths`` and write ``out`` (module docstring); returns ``{"out", "step", "tokens",
     "heldout", "history", "head"}``. Runs in every process of a launch (``torchrun``); the main process writes.
 
-    ``resume``: continue from ``out``'s checkpoint (settings must match; see :class:`PretrainConfig`); without it, an
-    ``out`` that already holds a run is an error unless ``overwrite``. ``stop_after`` (a step) and ``time_limit_s``
-    end this session early with a snapshot, to be resumed later (``steps`` still sets the schedule). ``device``:
+    ``resume`` (zhie's convention for every training job): continue the run in ``out`` from its checkpoint (the same
+    settings and corpus, or an error naming what differs); ``False`` starts over, replacing a pre-training run that
+    ``out`` holds. ``stop_after`` (a step) and ``time_limit_s`` end this session early with a snapshot, which the same
+    call continues later (``steps`` still sets the schedule). ``device``:
     ``cpu`` or ``cuda`` (default: a GPU if there is one). ``log`` receives the human-readable lines (default:
     standard error when ``progress``; the main process only).
     """
@@ -630,7 +631,7 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     processes = join_processes(cpu)
     say = _sayer(log, progress) if processes.is_main_process else _sayer(None, False)
     out, paths = Path(out), _paths(corpus_paths)
-    resuming = _check_out(out, resume, overwrite, processes)
+    resuming = _check_out(out, resume, processes)
     info = scan_corpus(paths, config.heldout)  # every input error before anything is loaded or written
     model, tokenizer, summary = _load_model(encoder, out if resuming else None, config, info, say)
     precision = pick_precision(config.precision, cpu)
@@ -643,15 +644,15 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     result = run(model, job, config.train_config(summary["model_type"], precision), resume=resuming,
                  progress=progress, stop_after=stop_after, time_limit_s=time_limit_s, cpu=cpu)
     if not result["finished"]:
-        say(f"stopped at step {result['steps']} of {config.steps}; continue with --resume")
+        say(f"stopped at step {result['steps']} of {config.steps}; the same command continues it")
     history = result["history"]
     return {"out": str(out), "step": result["steps"], "tokens": job.data.tokens, "history": history,
             "heldout": next((r["dev"] for r in reversed(history) if r["dev"]), None), "head": summary["head_source"]}
 
 
-def _check_out(out: Path, resume: bool, overwrite: bool, processes) -> bool:
-    """Whether the run continues the one in ``out``; an error when ``out`` is something else or holds a run that is
-    neither resumed nor overwritten. The main process first completes a replacement of ``out`` that a crash cut."""
+def _check_out(out: Path, resume: bool, processes) -> bool:
+    """Whether the run continues the one in ``out``; an error when ``out`` is something else, or holds a run with no
+    checkpoint to continue. The main process first completes a replacement of ``out`` that a crash cut."""
     if processes.is_main_process:
         recover_dir(out)
     processes.wait_for_everyone()
@@ -662,9 +663,9 @@ def _check_out(out: Path, resume: bool, overwrite: bool, processes) -> bool:
         if not (out / SUMMARY).exists():
             raise ValueError(f"--out {out}: a non-empty directory that is not a zhie pretrain run; choose another "
                              "--out (its content would be replaced)")
-        if not overwrite:
-            raise ValueError(f"--out {out} already holds a pre-training run: pass --resume to continue it, or "
-                             "--overwrite to start again")
+        if resume:
+            raise ValueError(f"--out {out} holds a pre-training run with no checkpoint to continue: pass --no-resume "
+                             "to start it over (its content is replaced), or choose another --out")
     return resuming
 
 
@@ -800,12 +801,14 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                    help="auto: bf16 autocast on CUDA GPUs that have it, else fp32")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: a GPU if there is one (under torchrun each process takes its local rank's)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
-    p.add_argument("--overwrite", action="store_true", help="start again even if --out holds a run")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start over, replacing the run in --out (default: the same command continues it)")
+    p.add_argument("--overwrite", dest="no_resume", action="store_true", help=argparse.SUPPRESS)  # old name
+    p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # old: resuming is the default now
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
-                   help="end this session after STEP (with a snapshot); --resume continues")
+                   help="end this session after STEP (with a snapshot); the same command continues it")
     p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
-                   help="end this session after MINUTES (with a snapshot); --resume continues")
+                   help="end this session after MINUTES (with a snapshot); the same command continues it")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -819,8 +822,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
                             shuffle_buffer=args.shuffle_buffer, eval_every=args.eval_every,
                             save_every=args.save_every, seed=args.seed, precision=args.precision,
                             log_every=args.log_every, report_to=args.report_to)
-    result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=args.resume,
-                      overwrite=args.overwrite, stop_after=args.stop_after,
+    result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=not args.no_resume,
+                      stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,
                       progress=not args.quiet)
     from zhie.dist import is_main_process

@@ -231,8 +231,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     result = train(model, lessons, collate=collate, loss_fn=DistillObjective(student_task, hard, temperature),
                    config=config, out_dir=out, evaluate=evaluator, metric=student_task.metric,
                    save_best=saver(student_task, record, evaluator), lengths=lengths, resume=resume,
-                   progress=progress)
-    if is_main_process():
+                   progress=progress, identity={**identity, **{f"student.{k}": v for k, v in recipe.items()}})
+    if is_main_process() and result["session_steps"]:  # a finished run's model and card stay as they were
         finish(out / "best", result, student_task.describe())
     return result
 
