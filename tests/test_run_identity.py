@@ -12,6 +12,7 @@ from tests.tiny_models import nested_corpus
 from zhie.cli import _train_config, build_parser
 from zhie.data import write_ner_jsonl
 from zhie.training import TrainConfig
+from zhie.training.checkpoint import claim
 from zhie.training.config import default_lr
 
 
@@ -81,3 +82,11 @@ def test_a_finished_run_is_left_as_it_was(data):
     assert (first["session_steps"], again["session_steps"]) == (first["steps"], 0)
     assert again["best"] == first["best"]
     assert (card.read_bytes(), (data / "run" / "best" / "training.json").read_bytes()) == before
+
+
+def test_a_second_job_on_the_same_out_is_refused_before_it_writes(data):
+    with claim(data / "run"):  # another job holds the run directory
+        with pytest.raises(ValueError, match="in use: another training process holds its lock"):
+            fit(data)
+        assert not (data / "run").exists()  # refused before anything was written
+    fit(data)  # free again once the other job ends

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -50,3 +54,41 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def claim(out_dir: Path) -> Iterator[None]:
+    """Hold the lock of the run directory ``out_dir`` for a training job (the main process's): a second job on the
+    same directory is refused at once instead of interleaving its checkpoints with the first's. The lock file lives
+    beside the directory (``.NAME.lock``), since a job may replace the directory itself; the system releases the lock
+    if the process dies."""
+    from filelock import FileLock, Timeout
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out_dir.with_name(f".{out_dir.name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise ValueError(f"{out_dir} is in use: another training process holds its lock ({lock.lock_file}); wait "
+                         "for it to end, or give this run another --out") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def claims_out(job: Callable) -> Callable:
+    """A training job (a function with an ``out`` argument, the run directory) that runs holding that directory's
+    :func:`claim` on the main process (the others write nothing there)."""
+    signature = inspect.signature(job)
+
+    @functools.wraps(job)
+    def claimed(*args, **kwargs):
+        from zhie.dist import is_main_process
+
+        out = Path(signature.bind(*args, **kwargs).arguments["out"])
+        with claim(out) if is_main_process() else nullcontext():
+            return job(*args, **kwargs)
+
+    return claimed

@@ -35,6 +35,7 @@ from zhie.tasks.base import Evaluator, load_pipeline, prepare_encoder, seeded
 from zhie.tasks.ner import NerTask
 from zhie.tasks.xner import XnerEvaluatorTask, pair_inputs, selected_rows, word_inputs, word_outputs
 
+from .checkpoint import claims_out
 from .config import TrainConfig
 from .loop import train
 from .record import finish, run_record, saver, write_summary
@@ -137,6 +138,7 @@ class Teachers:
         return batch
 
 
+@claims_out
 def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target: str | os.PathLike, *,
             out: str | os.PathLike, dev: str | os.PathLike | None = None, format: str = "auto",
             encoder: str = "e5-small", encoder_layers: int | None = None, pairs: int | None = None,

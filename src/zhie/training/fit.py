@@ -21,6 +21,7 @@ from zhie.losses import TaskLoss
 from zhie.model import Model
 from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
 
+from .checkpoint import claims_out
 from .config import TrainConfig
 from .loop import train
 from .rdrop import RDropLoss
@@ -29,6 +30,7 @@ from .record import file_facts, finish, run_record, saver
 __all__ = ["fit"]
 
 
+@claims_out
 def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = "e5-small",
         keep_tokens: str = "auto", encoder_layers: int | None = None, unshare_layers: bool = False,

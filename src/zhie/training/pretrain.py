@@ -50,6 +50,7 @@ from zhie.core.files import atomic_write_text, recover_dir, replace_dir
 from zhie.data.base import DataError
 from zhie.encoders.mlm import IGNORE, MaskedLM, load_head, mask_tokens, save_head
 from zhie.precision import PRECISIONS, autocast, pick_precision
+from zhie.training.checkpoint import claims_out
 
 __all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
            "TrainingStream", "add_command", "cmd_pretrain", "encode_lines", "iter_corpus", "pack", "pretrain",
@@ -609,6 +610,7 @@ def _on_cpu(device: str | None) -> bool:
     return device == "cpu"
 
 
+@claims_out
 def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: PretrainConfig | None = None,
              resume: bool = True, stop_after: int | None = None,
              time_limit_s: float | None = None, device: str | None = None, progress: bool = True,

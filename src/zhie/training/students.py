@@ -39,6 +39,7 @@ from zhie.dist import is_main_process, local_device
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_dir, seeded, sorted_batches
 
+from .checkpoint import claims_out
 from .config import TrainConfig
 from .loop import train
 from .record import file_facts, finish, run_record, saver, write_summary
@@ -155,6 +156,7 @@ def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: in
     return (texts[:limit] if limit is not None else texts), stats
 
 
+@claims_out
 def distill_student(teachers: list[str | os.PathLike], train_path: str | os.PathLike, *, out: str | os.PathLike,
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
