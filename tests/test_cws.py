@@ -19,10 +19,9 @@ from zhie.training import TrainConfig
 from .conftest import DATA
 
 SXU = DATA / "cws/sxu"
-needs_data = pytest.mark.skipif(not SXU.exists(), reason="../shared/data is not here")
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_reader_and_bmes_round_trip_on_real_sentences(tmp_path):
     examples = read_segmented(SXU / "train.txt")
     assert len(examples) == 17115
@@ -99,7 +98,7 @@ def sxu_model(tmp_path_factory):
     return out
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_tiny_model_learns_200_sxu_sentences(sxu_model):
     seg = zhie.load(sxu_model / "run")
     metrics = seg.evaluate(read_segmented(sxu_model / "train.txt"))
@@ -108,7 +107,7 @@ def test_tiny_model_learns_200_sxu_sentences(sxu_model):
     assert metrics["n_oov"] == 0  # evaluated on its own training data: every word is in the vocabulary
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_segment_then_join_gives_the_input_back(sxu_model, capsys):
     seg = zhie.load(sxu_model / "run")
     texts = ["上海市体育局召开体育宣传工作会议。", "  有 空格\t和\n换行的 text ＡＢＣ 😀 ", "", "龘" * 700]

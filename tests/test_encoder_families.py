@@ -17,8 +17,6 @@ from zhie.training import TrainConfig
 
 from .conftest import DATA
 
-needs_data = pytest.mark.skipif(not (DATA / "cws" / "sxu").exists(), reason="../shared/data is not here")
-
 SIZES = "layers=2,hidden=32,intermediate=64"
 FAMILIES = {
     "albert": (f"new:albert:{SIZES},heads=2,embedding=16", "AlbertModel"),
@@ -53,7 +51,7 @@ TASKS = {  # task: (data file, options)
 }
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_task_trains_and_predicts_on(family, data, tmp_path):
     spec, cls = FAMILIES[family]

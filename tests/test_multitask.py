@@ -25,8 +25,6 @@ from zhie.training.report import read_metrics
 from .conftest import DATA
 from .tiny_models import multitask_config, write_multitask_data
 
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not here")
-
 CONFIG = """
 [weighting]
 scheme = "{scheme}"
@@ -81,7 +79,7 @@ BAD = [
 ]
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("text, message", BAD)
 def test_a_bad_config_names_the_file_the_member_and_the_key(data_dir, tmp_path, text, message):
     config = data_dir / "bad.toml"
@@ -90,7 +88,7 @@ def test_a_bad_config_names_the_file_the_member_and_the_key(data_dir, tmp_path, 
         read_config(config)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_the_cli_refuses_a_bad_config_with_a_non_zero_exit(data_dir, tmp_path, capsys):
     config = data_dir / "bad.toml"
     config.write_text(CONFIG.format(scheme="real-time", extra="").replace('head = "crf"', 'head = "lstm"'))
@@ -104,7 +102,7 @@ def test_the_cli_refuses_a_bad_config_with_a_non_zero_exit(data_dir, tmp_path, c
     assert "mt.toml" in (err := capsys.readouterr().err) and "main" in err
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_yaml_configs_without_pyyaml_say_to_use_toml(data_dir, monkeypatch):
     (data_dir / "mt.yaml").write_text("tasks: []\n", encoding="utf-8")
     monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` raises ImportError
@@ -129,7 +127,7 @@ def test_without_tomllib_every_task_imports_and_a_toml_config_says_what_to_insta
     assert message == f"{tmp_path / 'mt.toml'}: reading TOML on Python 3.10 needs tomli: pip install tomli"
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_a_yaml_config_reads_like_the_toml_one(data_dir):
     yaml = pytest.importorskip("yaml")
     tomllib = pytest.importorskip("tomllib")
@@ -148,7 +146,7 @@ def run(data_dir):
     return out
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_a_tiny_model_learns_ner_and_cws_together_through_the_cli(run, data_dir, capsys):
     pipe = zhie.load(run)
     assert [m.head_name for m in pipe.task.members] == ["ner", "seg"]
@@ -171,7 +169,7 @@ def test_a_tiny_model_learns_ner_and_cws_together_through_the_cli(run, data_dir,
     assert "no member task 'pos'" in capsys.readouterr().err
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_predict_runs_the_encoder_once_per_batch_for_every_member(run, data_dir):
     pipe = zhie.load(run)
     texts = [ex.text for ex in read_ner(data_dir / "ner.json")[:6]]  # each fits one 64-token window
@@ -188,7 +186,7 @@ def test_predict_runs_the_encoder_once_per_batch_for_every_member(run, data_dir)
             [[(s.start, s.end, s.label) for s in spans] for spans in alone]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_every_batch_logs_each_task_loss_and_the_weights_applied(run):
     records = read_metrics(run / "metrics.jsonl")
     rows = [row for r in records for row in r["per_batch"]]
@@ -351,7 +349,7 @@ def test_the_log_keeps_evenly_spaced_batches_and_exact_means(made_up, tmp_path):
     assert log["task_weights"] == {"ner": 1.0, "seg": 0.5}
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("tail, message", [
     ('\n[sampling]\nmode = "temperature"\n', "the mgda scheme needs every task's loss"),
     ('\n[sampling]\nmode = "round-robin"\n', "sampling.mode: 'round-robin' is not one of"),
@@ -385,7 +383,7 @@ def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
                           torch.stack([2 * shared.detach(), torch.ones(5)]))
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(data_dir, tmp_path):
     config = _config(data_dir, tmp_path, "mgda", extra='gradients = "encoder-output"')
     zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
@@ -395,7 +393,7 @@ def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(d
     assert zhie.load(tmp_path / "run").task.config.gradients == "encoder-output"
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_a_relation_members_schema_path_is_relative_to_the_config(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub/schema.json").write_text((DATA / "re/cmeie/schema.json").read_text(encoding="utf-8"))

@@ -23,7 +23,6 @@ from zhie.training.report import read_metrics
 from .conftest import DATA
 
 WIKI = DATA / "corpus" / "wiki.txt"
-needs_corpus = pytest.mark.skipif(not WIKI.exists(), reason="../shared/data/corpus is not here")
 BERT = "new:bert:layers=1,hidden=32,heads=2,intermediate=64"
 GAU = "new:gau-alpha:layers=2,hidden=32,intermediate=64,key_size=16"
 TINY = {"batch_size": 4, "max_length": 64, "heldout": 20, "shuffle_buffer": 16, "lr": 1e-3, "eval_every": 3,
@@ -65,7 +64,7 @@ def _mask_batch(encoded, tokenizer, seed, capacity=126):
 
 
 # ------------------------------------------------------------------------------------------------------ masking
-@needs_corpus
+@pytest.mark.needs_data
 def test_masking_rates_15_percent_then_80_10_10(encoded, tokenizer):
     chosen = total = masked = replaced = kept = 0
     for seed in range(8):
@@ -91,7 +90,7 @@ def test_masking_rates_15_percent_then_80_10_10(encoded, tokenizer):
     assert kept / chosen == pytest.approx(0.1, abs=0.01)
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_word_starts_are_rjieba_words_on_real_text(lines, tokenizer, encoded):
     import rjieba
 
@@ -105,7 +104,7 @@ def test_word_starts_are_rjieba_words_on_real_text(lines, tokenizer, encoded):
         assert ours == [w for w in theirs if w]
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_whole_words_are_masked_together_on_real_text(encoded, tokenizer):
     batch, _, labels = _mask_batch(encoded, tokenizer, seed=3)
     picked = (labels != IGNORE).numpy()
@@ -119,14 +118,14 @@ def test_whole_words_are_masked_together_on_real_text(encoded, tokenizer):
     assert masked_long_words > 100
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_char_masking_masks_single_tokens(lines, tokenizer):
     encoded = encode_lines(lines[:50], TextTokenizer(tokenizer, "char"), None)
     assert all(starts.all() for _, starts in encoded)
 
 
 # ------------------------------------------------------------------------------------------------------ packing
-@needs_corpus
+@pytest.mark.needs_data
 def test_packing_keeps_every_token_in_sequences_cut_at_word_starts(encoded):
     capacity = 62
     sequences = list(pack(encoded, capacity))
@@ -199,7 +198,7 @@ def _stable(history):
     return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in history]
 
 
-@needs_corpus
+@pytest.mark.needs_data
 @pytest.mark.parametrize("encoder, optimizer", [(BERT, "adamw"), (GAU, "lamb")])
 def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path):
     whole = _run(corpus, tmp_path / "whole", encoder, steps=8, optimizer=optimizer, log_every=3)
@@ -221,7 +220,7 @@ def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_a_time_limit_ends_the_session_with_a_snapshot_that_resumes(corpus, tmp_path):
     logged = []
     first = _run(corpus, tmp_path / "run", steps=3, time_limit_s=0, log=logged.append)
@@ -233,7 +232,7 @@ def test_a_time_limit_ends_the_session_with_a_snapshot_that_resumes(corpus, tmp_
     assert f"resuming {tmp_path / 'run'} at step 1 of 3" in logged
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_path):
     result = _run(corpus, tmp_path / "run", steps=4)
     out = tmp_path / "run"
@@ -261,7 +260,7 @@ def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_
     assert any("stores no MLM head" in line and "tied to the input embeddings" in line for line in logged)
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_the_cli_logs_steps_and_the_trackers_write_beside_the_snapshot(corpus, tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"
@@ -273,7 +272,7 @@ def test_the_cli_logs_steps_and_the_trackers_write_beside_the_snapshot(corpus, t
     assert not (out / "tensorboard").exists()  # out is replaced at every save
 
 
-@needs_corpus
+@pytest.mark.needs_data
 @pytest.mark.parametrize("encoder, cls", [(BERT, "BertModel"), (GAU, "GAUAlphaModel")])
 def test_a_pretrained_directory_trains_a_zhie_task(encoder, cls, corpus, tmp_path):
     _run(corpus, tmp_path / "encoder", encoder, steps=2)
@@ -328,7 +327,7 @@ def test_other_input_errors(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(lines, corpus, tmp_path):
     import transformers
 
@@ -353,7 +352,7 @@ def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(l
         assert head.bias[i].item() == pytest.approx(old[token]), token
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_a_zhie_cws_model_is_a_segmenter_and_other_models_are_refused(lines, tokenizer, tmp_path):
     from zhie.data.cws import read_segmented, write_segmented
 
