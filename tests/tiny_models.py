@@ -93,6 +93,18 @@ def relation_corpus(n: int, seed: int) -> list[dict]:
     return records
 
 
+def write_relation_data(out: Path, n: int = 40, seed: int = 3) -> tuple[Path, Path]:
+    """``out/re.jsonl`` with :func:`relation_corpus` sentences and ``out/schema.json``, their schema (CMeIE's
+    formats)."""
+    lines = [json.dumps(r, ensure_ascii=False) for r in relation_corpus(n, seed)]
+    (out / "re.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    schema = [{"subject_type": "人物", "predicate": "毕业于", "object_type": "机构"},
+              {"subject_type": "机构", "predicate": "位于", "object_type": "地点"}]
+    (out / "schema.json").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in schema),
+                                     encoding="utf-8")
+    return out / "re.jsonl", out / "schema.json"
+
+
 def train_relation(out: Path, head: str = "egp", n: int = 100, epochs: int = 6) -> Path:
     """GPLinker on :func:`relation_corpus` sentences."""
     out.mkdir(parents=True, exist_ok=True)
