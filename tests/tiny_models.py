@@ -115,6 +115,13 @@ def train_relation(out: Path, head: str = "egp", n: int = 100, epochs: int = 6) 
     return out / "run" / "best"
 
 
+def paragraphs(n: int, seed: int, sentences: int = 6) -> list[str]:
+    """``n`` lines of running text, ``sentences`` of :func:`zhie.demo.make_corpus`'s each (about 110 characters, a
+    wiki paragraph's length): a corpus to pre-train on."""
+    corpus = [ex.text for ex in demo.make_corpus(n * sentences, seed)]
+    return ["".join(corpus[i:i + sentences]) for i in range(0, len(corpus), sentences)]
+
+
 def write_segmented_corpus(path: Path) -> Path:
     lines = ["  ".join([s.text for s in ex.spans] + ["了"]) for ex in demo.make_corpus(120, seed=4)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
