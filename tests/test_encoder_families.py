@@ -4,8 +4,6 @@ And zhie's own encoders (GAU-α, RoFormerV2) must actually learn a small NER sam
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -15,9 +13,7 @@ from zhie import demo
 from zhie.data import write_ner_jsonl
 from zhie.training import TrainConfig
 
-from .conftest import DATA
-
-needs_data = pytest.mark.skipif(not (DATA / "cws" / "sxu").exists(), reason="../shared/data is not here")
+from .tiny_models import write_multitask_data, write_relation_data
 
 SIZES = "layers=2,hidden=32,intermediate=64"
 FAMILIES = {
@@ -33,31 +29,26 @@ FAMILIES = {
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("families")
-    write_ner_jsonl(demo.make_corpus(12, seed=0), out / "ner.jsonl")
-    sxu = (DATA / "cws" / "sxu" / "train.txt").read_text(encoding="utf-8").splitlines()
-    (out / "cws.txt").write_text("\n".join(sxu[:12]) + "\n", encoding="utf-8")
-    cmeie = [line for line in (DATA / "re" / "cmeie" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-             if len(json.loads(line)["text"]) <= 60][:8]
-    (out / "re.jsonl").write_text("\n".join(cmeie) + "\n", encoding="utf-8")
-    sts = (DATA / "sts" / "stsb" / "train.data").read_text(encoding="utf-8").splitlines()[:16]
-    (out / "sts.data").write_text("\n".join(sts) + "\n", encoding="utf-8")
+    """24 made-up sentences for each of NER, CWS and sentence pairs, 8 for relations and their schema."""
+    out = write_multitask_data(tmp_path_factory.mktemp("families"))
+    write_relation_data(out, n=8)
     return out
 
 
-TASKS = {  # task: (data file, options)
-    "ner": ("ner.jsonl", {"head": "gp"}),
+TASKS = {  # task: (data file, options; a file name: in the data)
+    "ner": ("ner.json", {"head": "gp"}),
     "cws": ("cws.txt", {"head": "crf"}),
-    "re": ("re.jsonl", {"schema": DATA / "re" / "cmeie" / "schema.json"}),
-    "sts": ("sts.data", {"loss": "cosent"}),
+    "re": ("re.jsonl", {"schema": "schema.json"}),
+    "sts": ("sim.tsv", {"loss": "cosent"}),
 }
 
 
-@needs_data
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_task_trains_and_predicts_on(family, data, tmp_path):
     spec, cls = FAMILIES[family]
     for task, (file, options) in TASKS.items():
+        if "schema" in options:
+            options = {**options, "schema": data / options["schema"]}
         out = tmp_path / task
         zhie.fit(task, data / file, data / file, out=out, encoder=spec, max_length=64,
                  config=TrainConfig(epochs=1, batch_size=8, lr=1e-3,

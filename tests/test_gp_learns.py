@@ -23,8 +23,6 @@ from zhie.training import TrainConfig
 
 from .conftest import DATA
 
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not here")
-
 # Epochs per head: the fewest that reach train F1 >= 0.9 with a margin at both learning rates, measured with seed 0 on
 # this machine's CPU (2026-11-23; final train F1 at lr 1e-3 / 3e-3): gp 15 epochs 0.99 / 1.0 (12: 0.95 / 1.0);
 # egp 20 epochs 0.94 / 1.0; crf 20 epochs 1.0 / 1.0; softmax is the slowest: 20 epochs 0.59 / 0.93, and at 1e-3 it
@@ -46,7 +44,7 @@ def held_out():
     return read_ner(DATA / "ner/cluener/dev.json")[:200]
 
 
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("lr", [1e-3, 3e-3])
 @pytest.mark.parametrize("head", ["gp", "egp", "crf", "softmax"])
 def test_each_head_learns_the_200_sentence_sample(head, lr, sample, held_out, tmp_path):
@@ -62,7 +60,7 @@ def test_each_head_learns_the_200_sentence_sample(head, lr, sample, held_out, tm
     assert summary["best"]["f1"] >= HELD_OUT_F1[head], summary["best"]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_gp_starts_at_the_prior_logit_of_each_type(sample):
     _, tokenizer = prepare_encoder("tiny", texts=NerTask.texts(sample))
     task = NerTask(NerTask.configure(sample, encoder="tiny", head="gp"), tokenizer)

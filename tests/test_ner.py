@@ -17,10 +17,8 @@ from zhie.training import TrainConfig, build_param_groups, with_lr_multipliers
 
 from .conftest import DATA
 
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not here")
 
-
-@needs_data
+@pytest.mark.needs_data
 @pytest.mark.parametrize("head", ["softmax", "crf", "gp", "egp"])
 def test_each_head_learns_100_cluener_sentences(head, tmp_path):
     sample = read_ner(DATA / "ner/cluener/train.json")[:100]
@@ -35,7 +33,7 @@ def test_each_head_learns_100_cluener_sentences(head, tmp_path):
     assert metrics["micro"]["f1"] >= 0.95, metrics["micro"]
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cmeee_nested_spans_survive_encoding_and_decoding():
     """Gold spans -> sparse labels -> logits that are positive exactly there -> decoded spans == gold."""
     examples = read_ner(DATA / "ner/cmeee/train.json")[:400]

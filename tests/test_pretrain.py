@@ -1,5 +1,7 @@
 """``zhie pretrain``: masking rates and whole-word grouping on real Chinese text, packing, the MLM heads against
-transformers' ``*ForMaskedLM``, exact resume, bad input, and pre-trained directories that zhie tasks train on."""
+transformers' ``*ForMaskedLM``, exact resume, bad input, and pre-trained directories that zhie tasks train on.
+
+The masking and packing tests read 300 lines of the shared wiki corpus; the runs pre-train on 300 made-up lines."""
 
 from __future__ import annotations
 
@@ -21,9 +23,8 @@ from zhie.training.pretrain import PretrainConfig, collate, encode_lines, make_s
 from zhie.training.report import read_metrics
 
 from .conftest import DATA
+from .tiny_models import paragraphs, write_segmented_corpus
 
-WIKI = DATA / "corpus" / "wiki.txt"
-needs_corpus = pytest.mark.skipif(not WIKI.exists(), reason="../shared/data/corpus is not here")
 BERT = "new:bert:layers=1,hidden=32,heads=2,intermediate=64"
 GAU = "new:gau-alpha:layers=2,hidden=32,intermediate=64,key_size=16"
 TINY = {"batch_size": 4, "max_length": 64, "heldout": 20, "shuffle_buffer": 16, "lr": 1e-3, "eval_every": 3,
@@ -32,14 +33,19 @@ TINY = {"batch_size": 4, "max_length": 64, "heldout": 20, "shuffle_buffer": 16, 
 
 @pytest.fixture(scope="module")
 def lines():
-    with open(WIKI, encoding="utf-8") as f:
+    with open(DATA / "corpus" / "wiki.txt", encoding="utf-8") as f:
         return [line.rstrip("\n") for line in itertools.islice(f, 300)]
 
 
 @pytest.fixture(scope="module")
-def corpus(lines, tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "wiki300.txt"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+def made_up():
+    return paragraphs(300, seed=6)
+
+
+@pytest.fixture(scope="module")
+def corpus(made_up, tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "made_up300.txt"
+    path.write_text("\n".join(made_up) + "\n", encoding="utf-8")
     return path
 
 
@@ -65,7 +71,7 @@ def _mask_batch(encoded, tokenizer, seed, capacity=126):
 
 
 # ------------------------------------------------------------------------------------------------------ masking
-@needs_corpus
+@pytest.mark.needs_data
 def test_masking_rates_15_percent_then_80_10_10(encoded, tokenizer):
     chosen = total = masked = replaced = kept = 0
     for seed in range(8):
@@ -91,7 +97,7 @@ def test_masking_rates_15_percent_then_80_10_10(encoded, tokenizer):
     assert kept / chosen == pytest.approx(0.1, abs=0.01)
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_word_starts_are_rjieba_words_on_real_text(lines, tokenizer, encoded):
     import rjieba
 
@@ -105,7 +111,7 @@ def test_word_starts_are_rjieba_words_on_real_text(lines, tokenizer, encoded):
         assert ours == [w for w in theirs if w]
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_whole_words_are_masked_together_on_real_text(encoded, tokenizer):
     batch, _, labels = _mask_batch(encoded, tokenizer, seed=3)
     picked = (labels != IGNORE).numpy()
@@ -119,14 +125,14 @@ def test_whole_words_are_masked_together_on_real_text(encoded, tokenizer):
     assert masked_long_words > 100
 
 
-@needs_corpus
+@pytest.mark.needs_data
 def test_char_masking_masks_single_tokens(lines, tokenizer):
     encoded = encode_lines(lines[:50], TextTokenizer(tokenizer, "char"), None)
     assert all(starts.all() for _, starts in encoded)
 
 
 # ------------------------------------------------------------------------------------------------------ packing
-@needs_corpus
+@pytest.mark.needs_data
 def test_packing_keeps_every_token_in_sequences_cut_at_word_starts(encoded):
     capacity = 62
     sequences = list(pack(encoded, capacity))
@@ -179,8 +185,8 @@ def test_mlm_head_equals_transformers_masked_lm(family, tmp_path):
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_gau_alpha_head_is_a_bias_free_decoder_tied_to_the_embeddings(lines):
-    encoder, _ = encoders.load(GAU, texts=lines[:20])
+def test_gau_alpha_head_is_a_bias_free_decoder_tied_to_the_embeddings(made_up):
+    encoder, _ = encoders.load(GAU, texts=made_up[:20])
     head, source = load_head(encoder, None)
     assert source is None and head.kind == "decoder" and not list(head.parameters())
     hidden = torch.randn(3, 32)
@@ -199,7 +205,6 @@ def _stable(history):
     return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in history]
 
 
-@needs_corpus
 @pytest.mark.parametrize("encoder, optimizer", [(BERT, "adamw"), (GAU, "lamb")])
 def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path):
     whole = _run(corpus, tmp_path / "whole", encoder, steps=8, optimizer=optimizer, log_every=3)
@@ -219,7 +224,6 @@ def test_resume_gives_the_uninterrupted_run(encoder, optimizer, corpus, tmp_path
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-@needs_corpus
 def test_a_time_limit_ends_the_session_with_a_snapshot_that_resumes(corpus, tmp_path):
     logged = []
     first = _run(corpus, tmp_path / "run", steps=3, time_limit_s=0, log=logged.append)
@@ -231,7 +235,6 @@ def test_a_time_limit_ends_the_session_with_a_snapshot_that_resumes(corpus, tmp_
     assert f"resuming {tmp_path / 'run'} at step 1 of 3" in logged
 
 
-@needs_corpus
 def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_path):
     result = _run(corpus, tmp_path / "run", steps=4)
     out = tmp_path / "run"
@@ -259,7 +262,6 @@ def test_output_is_an_encoder_directory_and_continues_with_its_head(corpus, tmp_
     assert any("stores no MLM head" in line and "tied to the input embeddings" in line for line in logged)
 
 
-@needs_corpus
 def test_the_cli_logs_steps_and_the_trackers_write_beside_the_snapshot(corpus, tmp_path):
     pytest.importorskip("tensorboard")
     out = tmp_path / "run"
@@ -271,7 +273,6 @@ def test_the_cli_logs_steps_and_the_trackers_write_beside_the_snapshot(corpus, t
     assert not (out / "tensorboard").exists()  # out is replaced at every save
 
 
-@needs_corpus
 @pytest.mark.parametrize("encoder, cls", [(BERT, "BertModel"), (GAU, "GAUAlphaModel")])
 def test_a_pretrained_directory_trains_a_zhie_task(encoder, cls, corpus, tmp_path):
     _run(corpus, tmp_path / "encoder", encoder, steps=2)
@@ -326,11 +327,10 @@ def test_other_input_errors(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@needs_corpus
-def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(lines, corpus, tmp_path):
+def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(made_up, tmp_path):
     import transformers
 
-    vocab = encoders.char_vocab(lines)
+    vocab = encoders.char_vocab(made_up)
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=64)
     torch.manual_seed(0)
@@ -340,7 +340,7 @@ def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(l
     reference.save_pretrained(tmp_path / "hf")
     encoders.wordpiece_tokenizer(vocab).save_pretrained(tmp_path / "hf")
     small = tmp_path / "small.txt"
-    small.write_text("\n".join(lines[:30]) + "\n", encoding="utf-8")
+    small.write_text("\n".join(made_up[:30]) + "\n", encoding="utf-8")
     _run(small, tmp_path / "out", str(tmp_path / "hf"), steps=1, lr=0.0, weight_decay=0.0, keep_tokens="data",
          heldout=5)
     encoder, tokenizer = encoders.load(tmp_path / "out")
@@ -351,18 +351,15 @@ def test_continued_pretraining_prunes_the_vocabulary_and_the_head_bias_with_it(l
         assert head.bias[i].item() == pytest.approx(old[token]), token
 
 
-@needs_corpus
-def test_a_zhie_cws_model_is_a_segmenter_and_other_models_are_refused(lines, tokenizer, tmp_path):
-    from zhie.data.cws import read_segmented, write_segmented
-
-    write_segmented(read_segmented(DATA / "cws/sxu/train.txt")[:48], tmp_path / "cws.txt")
+def test_a_zhie_cws_model_is_a_segmenter_and_other_models_are_refused(made_up, tmp_path):
+    write_segmented_corpus(tmp_path / "cws.txt")
     zhie.fit("cws", tmp_path / "cws.txt", tmp_path / "cws.txt", out=tmp_path / "cws", encoder="tiny",
              config=TrainConfig(epochs=2, batch_size=16, lr=3e-3, head_lr=3e-3), resume=False, progress=False)
     segment = make_segmenter(str(tmp_path / "cws/best"))
-    texts = lines[:5]
+    texts = made_up[:5]
     words = segment(texts)
     assert ["".join(w) for w in words] == texts and sum(map(len, words)) > len(texts)  # a partition of each text
-    char_tokens = TextTokenizer(tokenizer, "char")
+    char_tokens = TextTokenizer(encoders.wordpiece_tokenizer(encoders.char_vocab(texts)), "char")
     for text, text_words, (_ids, starts) in zip(texts, words, encode_lines(texts, char_tokens, segment)):
         word_of_char = [w for w, word in enumerate(text_words) for _ in word]
         token_words = [word_of_char[c] for c in char_tokens(text).starts]

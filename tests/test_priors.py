@@ -23,8 +23,6 @@ from zhie.tasks.relation import RelationTask
 
 from .conftest import DATA
 
-needs_data = pytest.mark.skipif(not DATA.exists(), reason="../shared/data is not here")
-
 
 def cws_batch(n: int = 64):
     examples = read_segmented(DATA / "cws/sxu/train.txt")[:n]
@@ -34,7 +32,7 @@ def cws_batch(n: int = 64):
     return items, task.collate(items)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_softmax_tagging_prior_is_the_loss_of_predicting_the_tag_frequencies():
     items, batch = cws_batch()
     tags = [it.tags for it in items]
@@ -48,7 +46,7 @@ def test_softmax_tagging_prior_is_the_loss_of_predicting_the_tag_frequencies():
     assert measured == pytest.approx(softmax_tagging_prior(tags), rel=1e-5)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_crf_prior_is_the_loss_of_the_tags_markov_chain():
     items, batch = cws_batch()
     tags = [it.tags for it in items]
@@ -69,7 +67,7 @@ def test_crf_prior_is_the_loss_of_the_tags_markov_chain():
     assert measured == pytest.approx(crf_prior(tags), rel=1e-4)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_multilabel_prior_is_the_loss_of_one_logit_per_type():
     examples = read_ner(DATA / "ner/cluener/train.json")[:48]
     _, tokenizer = encoders.tiny([ex.text for ex in examples])
@@ -102,7 +100,7 @@ def test_multilabel_prior_is_the_loss_of_one_logit_per_type():
     assert gplinker == logits
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cosent_prior_is_the_loss_of_a_constant_cosine():
     labels = [p.label for p in read_pairs(DATA / "sts/stsb/train.data")[:320]]
     batches = [labels[i:i + 32] for i in range(0, len(labels), 32)]
@@ -110,7 +108,7 @@ def test_cosent_prior_is_the_loss_of_a_constant_cosine():
     assert measured == pytest.approx(cosent_prior(batches), rel=1e-6)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_gplinker_prior_is_the_loss_of_one_logit_per_head_in_each_module():
     """The three modules' valid cells: n(n+1)/2 for ``entity`` (triangle), n² for the linking modules."""
     examples = read_spo(DATA / "re/cmeie/train.jsonl")[:32]

@@ -18,7 +18,6 @@ from zhie.training import TrainConfig
 from .conftest import DATA
 
 CMEIE = DATA / "re/cmeie"
-needs_data = pytest.mark.skipif(not CMEIE.exists(), reason="../shared/data is not here")
 
 
 def decode(task: RelationTask, logits: RelationLogits) -> list:
@@ -34,7 +33,7 @@ def test_locate_takes_the_closest_occurrence_pair():
     assert locate("abc", "x", "b") == (-1, 1)
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_cmeie_reading_and_schema():
     train = read_spo(CMEIE / "train.jsonl")
     assert len(train) == 2900 and len(read_spo(CMEIE / "dev.jsonl")) == 685
@@ -61,7 +60,7 @@ def oracle_logits(batch, n_pred):
                           dense(batch["tail_tail_labels"], n_pred))
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_label_encoding_and_decoding_round_trip_every_located_cmeie_triple():
     examples = read_spo(CMEIE / "train.jsonl")
     predicates = read_schema(CMEIE / "schema.json")
@@ -160,7 +159,7 @@ def cmeie_model(tmp_path_factory):
     return out
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_tiny_gplinker_learns_100_cmeie_documents(cmeie_model, capsys):
     pipe = zhie.load(cmeie_model / "run")
     metrics = pipe.evaluate(read_spo(cmeie_model / "train.jsonl"))

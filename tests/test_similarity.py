@@ -20,10 +20,9 @@ from zhie.training import TrainConfig
 from .conftest import DATA
 
 STSB = DATA / "sts" / "stsb"
-needs_data = pytest.mark.skipif(not STSB.exists(), reason="../shared/data not present")
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_read_pairs_stsb_and_atec():
     pairs = read_pairs(STSB / "train.data")
     assert len(pairs) == 5231 and pairs[0].text_a == "一架飞机要起飞了。" and pairs[0].label == 5.0
@@ -115,13 +114,13 @@ def stsb_model(tmp_path_factory):
     return out
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_tiny_cosent_model_learns_300_stsb_pairs(stsb_model):
     pipe = zhie.load(stsb_model / "run")
     assert pipe.evaluate(read_pairs(stsb_model / "train.data"))["spearman"] >= 0.8
 
 
-@needs_data
+@pytest.mark.needs_data
 def test_encode_similarity_and_cli(stsb_model, tmp_path, capsys):
     pipe = zhie.load(stsb_model / "run")
     vectors = pipe.encode(["一架飞机要起飞了。", "一个人在吹长笛。"])

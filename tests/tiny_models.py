@@ -93,6 +93,18 @@ def relation_corpus(n: int, seed: int) -> list[dict]:
     return records
 
 
+def write_relation_data(out: Path, n: int = 40, seed: int = 3) -> tuple[Path, Path]:
+    """``out/re.jsonl`` with :func:`relation_corpus` sentences and ``out/schema.json``, their schema (CMeIE's
+    formats)."""
+    lines = [json.dumps(r, ensure_ascii=False) for r in relation_corpus(n, seed)]
+    (out / "re.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    schema = [{"subject_type": "人物", "predicate": "毕业于", "object_type": "机构"},
+              {"subject_type": "机构", "predicate": "位于", "object_type": "地点"}]
+    (out / "schema.json").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in schema),
+                                     encoding="utf-8")
+    return out / "re.jsonl", out / "schema.json"
+
+
 def train_relation(out: Path, head: str = "egp", n: int = 100, epochs: int = 6) -> Path:
     """GPLinker on :func:`relation_corpus` sentences."""
     out.mkdir(parents=True, exist_ok=True)
@@ -101,6 +113,13 @@ def train_relation(out: Path, head: str = "egp", n: int = 100, epochs: int = 6) 
     zhie.fit("re", out / "train.jsonl", out / "train.jsonl", out=out / "run", encoder="tiny", head=head,
              max_length=48, config=_config(epochs), resume=False, progress=False)
     return out / "run" / "best"
+
+
+def paragraphs(n: int, seed: int, sentences: int = 6) -> list[str]:
+    """``n`` lines of running text, ``sentences`` of :func:`zhie.demo.make_corpus`'s each (about 110 characters, a
+    wiki paragraph's length): a corpus to pre-train on."""
+    corpus = [ex.text for ex in demo.make_corpus(n * sentences, seed)]
+    return ["".join(corpus[i:i + sentences]) for i in range(0, len(corpus), sentences)]
 
 
 def write_segmented_corpus(path: Path) -> Path:
