@@ -34,43 +34,18 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--encoder", default="e5-small",
                    help="a local HF model directory, e5-small (offline default), tiny, or a hub name")
     p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None, help="items per batch (default: TrainConfig's, 16)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="encoder learning rate (default: 2e-4 x min(1, (384 / the encoder's width)^2): 2e-4 for "
-                        "e5-small and narrower encoders, 5e-5 for a 768-wide BERT-base; the similarity task 2e-5 x "
-                        "the same)")
-    p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: 10 x --lr)")
-    p.add_argument("--ema", type=float, default=None, help="EMA decay of the weights used for evaluation")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--warmup", type=float, default=0.1, help="warm-up, as a fraction of all steps")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--patience", type=int, default=None, help="stop after N evaluations without improvement")
-    p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: each epoch)")
     p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
     p.add_argument("--unshare-layers", action="store_true",
                    help="ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="the encoder in bf16/fp16 under autocast (heads and losses stay fp32)")
     p.add_argument("--mixed-precision", dest="precision", action=_MixedPrecision, choices=["no", "fp16", "bf16"],
                    help="deprecated: use --precision (no = fp32)")
-    tricks = p.add_argument_group("training options (zhie.training.TrainConfig)")
-    tricks.add_argument("--adversarial", default=None, choices=["fgm", "pgd"],
-                        help="adversarial training on the word embeddings")
-    tricks.add_argument("--adv-epsilon", type=float, default=1.0,
-                        help="FGM: norm of the perturbation; PGD: radius of the ball it stays in")
-    tricks.add_argument("--adv-alpha", type=float, default=0.3, help="PGD: norm of each ascent step")
-    tricks.add_argument("--adv-steps", type=int, default=3, help="PGD: ascent steps")
-    tricks.add_argument("--rdrop", type=float, default=None, metavar="ALPHA",
-                        help="R-Drop with this alpha (crf/softmax taggers)")
-    tricks.add_argument("--llrd", type=float, default=None, metavar="DECAY",
-                        help="layer-wise lr decay: layer l of L learns at lr * DECAY^(L-l), the embeddings lowest")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _watch_flags(p, "--out")
+    from zhie.training.config import add_train_flags
+
+    add_train_flags(p)  # TrainConfig's fields, each with its help (zhie.training.config.option)
 
 
 def _watch_flags(p: argparse.ArgumentParser, where: str) -> argparse.ArgumentParser:
@@ -92,19 +67,6 @@ class _MixedPrecision(argparse.Action):
         precision = "fp32" if value == "no" else value
         print(f"zhie: warning: --mixed-precision is deprecated; use --precision {precision}", file=sys.stderr)
         setattr(namespace, self.dest, precision)
-
-
-def _train_config(args):
-    from zhie.training import TrainConfig
-
-    batch = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, **batch, lr=args.lr,
-                       head_lr=args.head_lr, ema=args.ema, seed=args.seed,
-                       warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
-                       eval_every=args.eval_every, precision=args.precision,
-                       adversarial=args.adversarial, adv_epsilon=args.adv_epsilon, adv_alpha=args.adv_alpha,
-                       adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd, log_every=args.log_every,
-                       report_to=args.report_to)
 
 
 TRAIN_HELP = "train a model"
@@ -139,11 +101,54 @@ def _train_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         return
     commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
     for cls in tasks.all_tasks():
-        p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
-        _train_flags(p, cls.data_flags)
-        group = p.add_argument_group(f"{cls.name} options")
-        cls.add_arguments(group)
-        p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+        _task_flags(commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help), cls)
+
+
+def _task_flags(p: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
+    """``zhie train TASK``'s flags: the common training flags and the task's own."""
+    _train_flags(p, cls.data_flags)
+    group = p.add_argument_group(f"{cls.name} options")
+    cls.add_arguments(group)
+    p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+    return p
+
+
+def expand_run_config(argv: list[str]) -> list[str]:
+    """``zhie train --config FILE [FLAG ...]`` as ``zhie train TASK`` with the flags that the settings of ``FILE`` (a
+    run directory's ``config.toml``, or one written by hand: the flags' names as keys, the training options in a
+    ``[training]`` table, the task's in a table named after it) stand for, then the flags given, which override
+    them. Any other command line is returned as it is."""
+    if argv[:2] != ["train", "--config"] or len(argv) < 3:
+        return argv
+    import tomllib
+
+    path = argv[2]
+    try:
+        with open(path, "rb") as f:
+            settings = tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not a TOML file ({err})") from None
+    name = settings.pop("task", None)
+    if not isinstance(name, str):
+        raise ValueError(f'{path}: no task: name the task to train (task = "ner"; one of '
+                         f"{', '.join(c.name for c in tasks.all_tasks())})")
+    cls = tasks.get(name)
+    actions = {a.dest: a for a in _task_flags(argparse.ArgumentParser(), cls)._actions if a.option_strings}
+    flat = {**{k: v for k, v in settings.items() if not isinstance(v, dict)}, **settings.get("training", {}),
+            **settings.get(cls.name, {})}
+    unknown = [k for k in flat if k not in actions] + [k for k, v in settings.items()
+                                                      if isinstance(v, dict) and k not in ("training", cls.name)]
+    if unknown:
+        raise ValueError(f"{path}: {', '.join(unknown)}: not a setting of zhie train {cls.name} (see zhie train "
+                         f"{cls.name} --help; training options go in [training], the task's in [{cls.name}])")
+    flags = []
+    for dest, value in flat.items():
+        action = actions[dest]
+        if action.nargs == 0:  # a switch: given when the setting is not its default
+            flags += [action.option_strings[0]] if value != action.default else []
+        elif value != []:  # an empty list (no trackers) is the default
+            flags += [action.option_strings[0], *map(str, value if isinstance(value, list) else [value])]
+    return ["train", cls.name, *flags, *argv[3:]]
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -277,11 +282,12 @@ def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None
 def cmd_train(args) -> None:
     import zhie
     from zhie.training import is_main_process
+    from zhie.training.config import config_from_flags
 
     result = zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
                       encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
                       unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
-                      config=_train_config(args), resume=not args.no_resume, progress=not args.quiet,
+                      config=config_from_flags(args), resume=not args.no_resume, progress=not args.quiet,
                       **{dest: getattr(args, dest) for dest in args.task_options})
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
     if is_main_process():  # under torchrun, once
@@ -493,6 +499,7 @@ TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        argv = expand_run_config(argv)
         args = build_parser(argv).parse_args(argv)
         handler = getattr(args, "handler", None)  # a task's own command that is not over texts
         (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)

@@ -77,6 +77,26 @@ def run_record(files: dict[str, str], *, encoder: str, config, options: dict) ->
             "machine": machine()}
 
 
+RUN_CONFIG = "config.toml"
+
+
+def write_run_config(out: Path, settings: dict) -> None:
+    """``out/config.toml``: the resolved configuration of the run in ``out``, which ``zhie train --config`` takes
+    back (:func:`zhie.cli.expand_run_config`). TOML has no null: a setting that is None is left out, which gives it
+    its default (None) again; paths and tuples are written as strings and lists."""
+    import tomli_w
+
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if v is not None}
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (str, int, float, bool)) else str(value)
+
+    text = f"# the configuration of this run: `zhie train --config {out / RUN_CONFIG}` runs it again\n"
+    atomic_write_text(out / RUN_CONFIG, text + tomli_w.dumps(plain(settings)))
+
+
 def write_summary(path: Path, summary: dict, progress: bool) -> None:
     """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and print
     it on one line when ``progress``."""
