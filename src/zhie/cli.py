@@ -169,6 +169,9 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="predict with a trained model; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(pr)
+    pr.add_argument("--output-format", default="zhie", choices=OUTPUT_FORMATS,
+                    help="zhie: JSON lines {\"text\", OUTPUT_KEY}; doccano: doccano's JSON lines to import (NER: "
+                         "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"})")
     ray = pr.add_argument_group("Ray Data (the ray extra): --input PATH(S) of JSONL/text/Parquet, --output DIRECTORY")
     ray.add_argument("--ray", action="store_true", help="predict with one model per Ray worker; sharded JSONL out")
     ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
@@ -326,6 +329,9 @@ def cmd_predict(args) -> None:
     (:func:`write_outputs`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
     import zhie
 
+    if args.ray and args.output_format != "zhie":
+        raise ValueError(f"--output-format {args.output_format} is not written by --ray (its shards are zhie's JSON "
+                         "lines); leave out one of them")
     if args.ray:
         ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
@@ -370,7 +376,8 @@ def write_outputs(args, pipe, command=None) -> None:
               f"hold a text's vector (the others, of blank or skipped lines, are zeros)", file=sys.stderr)
     else:
         plain = command.plain if command is not None and command.plain is not None and not args.json else None
-        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain) for line, p in results),
+        record = output_record(pipe.task, getattr(args, "output_format", "zhie"))
+        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain, record) for line, p in results),
                            args.chunk_lines)
     reader.report()
 
@@ -380,15 +387,33 @@ def write_outputs(args, pipe, command=None) -> None:
 JSON_LINE = json.JSONEncoder(ensure_ascii=False)
 
 
-def output_line(task, line: stream.Line, prediction, plain=None) -> str:
+OUTPUT_FORMATS = ("zhie", "doccano")  # zhie predict --output-format
+
+
+def output_record(task, output_format: str):
+    """``record(text, prediction) -> dict``, the JSON object of one output line of ``zhie predict --output-format``
+    (:data:`OUTPUT_FORMATS`), or None for zhie's own ``{"text", OUTPUT_KEY}``."""
+    if output_format == "zhie":
+        return None
+    if output_format == "doccano":
+        from zhie.data import doccano
+
+        return doccano.records(task.output_key)
+    raise ValueError(f"unknown output format {output_format!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+
+
+def output_line(task, line: stream.Line, prediction, plain=None, record=None) -> str:
     """The output line of one input ``line`` of ``zhie predict`` (``segment``, ``embed``): ``{"text", OUTPUT_KEY}``
-    with the task's JSON of ``prediction``, or ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain
-    lines); for a bad line skipped with ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
+    with the task's JSON of ``prediction``, ``record(text, prediction)`` (:func:`output_record`), or
+    ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain lines); for a bad line skipped with
+    ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
     if line.error is not None:
         return "" if plain is not None else JSON_LINE.encode({"file": line.path, "line": line.number,
                                                               "error": line.error})
     if plain is not None:
         return plain(prediction)
+    if record is not None:
+        return JSON_LINE.encode(record(line.text, prediction))
     return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
 
 

@@ -11,6 +11,8 @@ Formats (see ``../shared/data/README.md``):
   joined by a space; UTF-8, or else Latin-1 (how the original files are encoded).
 - ``cmeee``: one JSON list of ``{"text", "entities": [{"start_idx", "end_idx" (inclusive), "type",
   "entity"}]}``; nested and overlapping entities are kept as they are.
+- ``doccano``: doccano's JSON lines, ``{"text", "label": [[start, end, "TYPE"], ...]}`` or ``{"text", "entities":
+  [{"id", "start_offset", "end_offset", "label"}], "relations": [...]}`` (:mod:`zhie.data.doccano`).
 - ``jsonl``: zhie's own JSON lines ``{"text", "entities": [{"start", "end", "label", "text"}]}``
   with exclusive ends (``"spans"`` is accepted in place of ``"entities"``).
 
@@ -355,11 +357,13 @@ def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
 # Dispatch
 # ----------------------------------------------------------------------------------------------------
 
-FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003")
+FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "doccano")
 
 
 def detect_format(path: PathLike) -> str:
     """Guess a NER file's format from its content (see :func:`read_ner`)."""
+    from zhie.data.doccano import is_doccano
+
     first = None
     for lineno, line in iter_lines(path):
         stripped = line.strip()
@@ -372,6 +376,8 @@ def detect_format(path: PathLike) -> str:
             if first != "{":
                 return "conll"
         record = json_line(path, lineno, stripped)
+        if is_doccano(record):
+            return "doccano"
         if "label" in record:
             return "cluener"
         if "entities" in record or "spans" in record:
@@ -386,7 +392,8 @@ def detect_format(path: PathLike) -> str:
 def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = False) -> list[NerExample]:
     """Read a NER file in any supported format; ``format="auto"`` detects it from the content.
 
-    Detection: a JSON list -> "cmeee"; JSON lines whose first labelled record has "label" ->
+    Detection: a JSON list -> "cmeee"; JSON lines whose first labelled record is doccano's (a list under "label",
+    "relations", or entities with "start_offset": :func:`zhie.data.doccano.is_doccano`) -> "doccano", has "label" ->
     "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
     anything else -> "conll". ``strip_lang_prefix`` applies to "conll" only.
     """
@@ -404,4 +411,8 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
         return read_cmeee(path)
     if format == "jsonl":
         return read_ner_jsonl(path)
+    if format == "doccano":
+        from zhie.data.doccano import read_doccano
+
+        return read_doccano(path)
     raise ValueError(f"unknown NER format {format!r}; expected 'auto' or one of {FORMATS}")

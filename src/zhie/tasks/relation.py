@@ -30,6 +30,8 @@ from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
 from zhie.core.spans import Span
 from zhie.core.text import windows
+from zhie.data import detect_format
+from zhie.data.doccano import read_doccano_relations
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, check_max_length, only_auto_format, rename_weights, sparse_cells
@@ -113,7 +115,10 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
-        only_auto_format(format, "triples (CMeIE/DuIE JSON lines)")
+        """CMeIE/DuIE JSON lines, or doccano's relation export (``--format doccano``, or detected)."""
+        if format == "doccano" or (format == "auto" and detect_format(path) == "doccano"):
+            return read_doccano_relations(path)
+        only_auto_format(format, "triples (CMeIE/DuIE JSON lines, or doccano's relation export: --format doccano)")
         return read_spo(path)
 
     @classmethod
