@@ -343,3 +343,15 @@ def test_e5_is_converted_once_when_processes_start_together(tmp_path, monkeypatc
         assert list(pool.map(convert, range(4))) == [out] * 4
     assert len(conversions) == 1
     assert (out / "model.safetensors").exists() and (tmp_path / ".e5-small.lock").exists()
+
+
+def test_e5_conversion_needs_no_fcntl(tmp_path, monkeypatch):
+    """Windows has no fcntl: the first run's conversion still takes its lock (filelock picks the system's) and
+    converts."""
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` raises ImportError, as on Windows
+    monkeypatch.setattr(e5, "read", lambda source: None)
+    monkeypatch.setattr(e5, "write_model_dir", lambda f, out: [(out / n).write_text("") for n in
+                                                               ("model.safetensors", "tokenizer.json")])
+    out = tmp_path / "e5-small"
+    assert e5.convert(source=tmp_path / "e5-small-q4.bin", out_dir=out) == out
+    assert (out / "model.safetensors").exists()
