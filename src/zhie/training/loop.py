@@ -50,6 +50,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -434,6 +435,9 @@ class _Session:
         run_name = job.output.checkpoint_path.parent.resolve().name  # the run directory's name ("demo")
         trackers = make_trackers(config.report_to, job.output.logging_dir, run_name, progress.step, progress.trackers)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)
+        # accelerate keeps one AcceleratorState (the precision) per process: each run starts its own; the launch's
+        # PartialState (process group, device) stays
+        AcceleratorState._reset_state(reset_partial_state=False)
         self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
                                        step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu",
                                        kwargs_handlers=[ddp], log_with=trackers or None)
