@@ -300,7 +300,7 @@ def cmd_eval(args) -> None:
     for target in (args.json, args.errors):  # before the evaluation, which may take long
         if target:
             check_file_target(Path(target))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
     examples = pipe.task.read(args.data, args.format)
@@ -327,6 +327,9 @@ def cmd_predict(args) -> None:
     import zhie
 
     if args.ray:
+        if args.device is not None:
+            raise ValueError(f"--device {args.device}: with --ray, Ray places each worker's model (a GPU each when "
+                             "the cluster has GPUs, else the CPU); leave out --device")
         ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
@@ -335,7 +338,7 @@ def cmd_predict(args) -> None:
         return
     if args.output:
         check_file_target(Path(args.output))
-    write_outputs(args, zhie.load(args.model, precision=args.precision))
+    write_outputs(args, zhie.load(args.model, device=args.device, precision=args.precision))
 
 
 def cmd_task_command(args) -> None:
@@ -346,7 +349,7 @@ def cmd_task_command(args) -> None:
     command = args.task_command
     if args.output:
         check_file_target(Path(args.output))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if not isinstance(pipe.task, command.task):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a "
                          f"{command.task.name} model")
