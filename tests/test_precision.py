@@ -76,7 +76,7 @@ def test_the_loss_is_fp32_under_autocast():
 
 
 def test_zhie_train_in_bf16_learns(tmp_path):
-    """In a process of its own: accelerate keeps one precision per process (its AcceleratorState)."""
+    """`zhie train --precision bf16`, the command in a process of its own."""
     from zhie.data import write_ner_jsonl
 
     write_ner_jsonl(nested_corpus(64, seed=1), tmp_path / "train.jsonl")
@@ -88,6 +88,21 @@ def test_zhie_train_in_bf16_learns(tmp_path):
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     losses = [r["train_loss"] for r in records]
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
+
+
+def test_a_second_fit_in_one_process_may_take_another_precision(tmp_path):
+    """accelerate keeps one precision per process (its AcceleratorState): each run sets its own."""
+    from accelerate.state import AcceleratorState
+
+    from zhie.data import write_ner_jsonl
+
+    write_ner_jsonl(nested_corpus(16, seed=1), tmp_path / "train.jsonl")
+    for precision, accelerate_name in (("bf16", "bf16"), ("fp32", "no"), ("bf16", "bf16")):
+        zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / f"run-{precision}",
+                 encoder="tiny", head="gp", max_length=32, config=TrainConfig(max_steps=2, batch_size=8,
+                                                                              precision=precision),
+                 resume=False, progress=False)
+        assert AcceleratorState().mixed_precision == accelerate_name
 
 
 def test_train_flags_precision_and_the_deprecated_alias(capsys):

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from zhie import tasks
 from zhie.core.files import atomic_write_text, check_file_target
-from zhie.data import FORMATS, DataError
+from zhie.data import FORMATS
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
 from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int
@@ -82,6 +86,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
     parser.add_argument("--version", action="version", version=f"zhie {__version__}")
+    parser.add_argument("--debug", "--verbose", action="store_true",
+                        help="show the library's debug messages, and the traceback of an error (before the command: "
+                             "zhie --debug train ...)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub, command)
     _eval_parser(sub)
@@ -303,7 +310,7 @@ def cmd_eval(args) -> None:
     for target in (args.json, args.errors):  # before the evaluation, which may take long
         if target:
             check_file_target(Path(target))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
     examples = pipe.task.read(args.data, args.format)
@@ -333,6 +340,9 @@ def cmd_predict(args) -> None:
         raise ValueError(f"--output-format {args.output_format} is not written by --ray (its shards are zhie's JSON "
                          "lines); leave out one of them")
     if args.ray:
+        if args.device is not None:
+            raise ValueError(f"--device {args.device}: with --ray, Ray places each worker's model (a GPU each when "
+                             "the cluster has GPUs, else the CPU); leave out --device")
         ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
@@ -341,7 +351,7 @@ def cmd_predict(args) -> None:
         return
     if args.output:
         check_file_target(Path(args.output))
-    write_outputs(args, zhie.load(args.model, precision=args.precision))
+    write_outputs(args, zhie.load(args.model, device=args.device, precision=args.precision))
 
 
 def cmd_task_command(args) -> None:
@@ -352,7 +362,7 @@ def cmd_task_command(args) -> None:
     command = args.task_command
     if args.output:
         check_file_target(Path(args.output))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if not isinstance(pipe.task, command.task):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a "
                          f"{command.task.name} model")
@@ -522,22 +532,79 @@ TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``zhie`` command; its exit status: 0, 2 for bad input (one line ``zhie: error: ...``), 1 for an unexpected
+    error (a bug), 130 when interrupted. ``--debug`` adds the traceback, and the library's debug messages."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        argv = expand_run_config(argv)
-        args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "handler", None)  # a task's own command that is not over texts
-        (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
-    except ModuleNotFoundError as err:
-        if err.name not in TORCH_MODULES:
-            raise
-        print(f"zhie: error: this needs {err.name}, which is not installed (the runtime extra runs exports only): "
-              f"pip install 'zhie[train]'", file=sys.stderr)
-        return 2
-    except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
-        print(f"zhie: error: {error_message(err)}", file=sys.stderr)
-        return 2
+    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    debug = bool({"--debug", "--verbose"} & set(argv[:command]))
+    with show_logs(debug):
+        try:
+            argv = argv[:command] + expand_run_config(argv[command:])  # after zhie's own flags (--debug)
+            args = build_parser(argv).parse_args(argv)
+            handler = getattr(args, "handler", None)  # a task's own command that is not over texts
+            (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
+        except KeyboardInterrupt:
+            print("zhie: interrupted", file=sys.stderr)
+            return 130
+        except Exception as err:
+            return report_error(err, debug)
     return 0
+
+
+class _Lines(logging.Formatter):
+    """The library's log records as the command shows them: information as it is, ``zhie: warning: ...``,
+    ``zhie: error: ...``, ``zhie: debug: MODULE: ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.levelno >= logging.ERROR:
+            return f"zhie: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"zhie: warning: {message}"
+        if record.levelno < logging.INFO:
+            return f"zhie: debug: {record.name}: {message}"
+        return message
+
+
+@contextmanager
+def show_logs(debug: bool) -> Iterator[None]:
+    """What a person sees of the library's logging (the ``zhie`` logger) while a command runs: its information on
+    stderr, and its debug messages with ``--debug``. Afterwards the logger is as it was (a program that calls
+    :func:`main` keeps its own logging)."""
+    logger, handler = logging.getLogger("zhie"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lines())
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def report_error(err: Exception, debug: bool) -> int:
+    """Say on stderr what stopped the command, in one line (with ``debug``, after the traceback); the exit status: 2
+    for what the user can fix (bad input or files: ``ValueError``, which :class:`zhie.data.DataError` is, and
+    ``OSError``; a missing extra; no memory left), 1 for anything else, which is a bug in zhie."""
+    if debug:
+        traceback.print_exception(type(err), err, err.__traceback__)
+    if isinstance(err, ModuleNotFoundError) and err.name in TORCH_MODULES:
+        message, code = (f"this needs {err.name}, which is not installed (the runtime extra runs exports only): "
+                         f"pip install 'zhie[train]'"), 2
+    elif isinstance(err, (ValueError, OSError)):
+        message, code = error_message(err), 2
+    elif type(err).__name__ == "OutOfMemoryError":  # torch's (CUDA, MPS, ...): a RuntimeError
+        message, code = (f"out of memory ({str(err).splitlines()[0] if str(err) else 'no detail'}); use a smaller "
+                         f"--batch-size or --max-tokens"), 2
+    else:
+        message = f"unexpected {type(err).__name__}: {err}. This is a bug in zhie; please report it" + (
+            " with the traceback above" if debug else ", with the traceback that zhie --debug COMMAND ... prints")
+        code = 1
+    print(f"zhie: error: {message}", file=sys.stderr)
+    return code
 
 
 def error_message(err: Exception) -> str:

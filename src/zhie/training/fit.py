@@ -11,6 +11,7 @@ model card ``README.md`` (:mod:`zhie.core.card`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +30,8 @@ from .rdrop import RDropLoss
 from .record import file_facts, finish, run_record, saver, write_run_config
 
 __all__ = ["fit"]
+
+logger = logging.getLogger(__name__)
 
 
 @claims_out
@@ -90,8 +93,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
                                "training": {k: v for k, v in asdict(config).items() if k != "find_unused_parameters"},
                                cls.name: options})
         if progress:
-            print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
-                             ensure_ascii=False))
+            logger.info(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
+                                   ensure_ascii=False))
     result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
                    evaluate=evaluator, metric=t.metric, save_best=saver(t, record, evaluator),
                    lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shlex
@@ -25,6 +26,8 @@ from zhie.core.files import atomic_write_text
 from zhie.tasks.base import META_FILE
 
 __all__ = ["file_facts", "finish", "machine", "now", "run_record", "saver"]
+
+logger = logging.getLogger(__name__)
 
 
 def now() -> str:
@@ -98,12 +101,12 @@ def write_run_config(out: Path, settings: dict) -> None:
 
 
 def write_summary(path: Path, summary: dict, progress: bool) -> None:
-    """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and print
+    """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and log
     it on one line when ``progress``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(summary, ensure_ascii=False, indent=2))
     if progress:
-        print(json.dumps(summary, ensure_ascii=False))
+        logger.info(json.dumps(summary, ensure_ascii=False))
 
 
 def saver(task, record: dict, evaluator=None) -> Callable:
