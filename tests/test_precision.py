@@ -16,6 +16,7 @@ from zhie.cli import build_parser
 from zhie.heads import masking_value
 from zhie.tasks.base import model_inputs
 from zhie.training import TrainConfig
+from zhie.training.config import config_from_flags
 from zhie.training.report import read_metrics
 
 TEXTS = [ex.text for ex in nested_corpus(30, seed=1)]  # sentences the tiny models learned
@@ -111,4 +112,5 @@ def test_train_flags_precision_and_the_deprecated_alias(capsys):
     assert args.precision == "bf16"
     args = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c", "--mixed-precision", "no"])
     assert args.precision == "fp32" and "deprecated" in capsys.readouterr().err
-    assert parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c"]).precision == "fp32"
+    default = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c"])
+    assert default.precision is None and config_from_flags(default).precision == "fp32"  # TrainConfig's default
