@@ -64,10 +64,12 @@ def anchor(heading: str) -> str:
 
 
 def test_links_into_results_resolve():
-    """Every ``RESULTS.md#anchor`` of the README and of RESULTS.md's own ``(#anchor)`` links names a heading."""
+    """Every ``RESULTS.md#anchor`` of the README and of benchmarks/README.md, and RESULTS.md's own ``(#anchor)``
+    links, name a heading of RESULTS.md."""
     doc = DOC.read_text(encoding="utf-8")
     anchors = {anchor(h) for h in re.findall(r"^#+ (.+)$", doc, re.MULTILINE)}
-    links = re.findall(r"RESULTS\.md#([^)\s]+)", (ROOT / "README.md").read_text(encoding="utf-8"))
+    links = [link for readme in (ROOT / "README.md", ROOT / "benchmarks" / "README.md")
+             for link in re.findall(r"RESULTS\.md#([^)\s]+)", readme.read_text(encoding="utf-8"))]
     links += re.findall(r"\]\(#([^)\s]+)\)", doc)
     assert links, "no links found"
     assert not [link for link in links if link not in anchors], sorted(anchors)
