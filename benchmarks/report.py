@@ -5,10 +5,10 @@
     python benchmarks/report.py --check          # exit 1, naming them, if a marked table differs from its rows
     python benchmarks/report.py --plot           # redraw results/tradeoff.png
 
-A table of RESULTS.md stands between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; NAME is a key of
-:data:`TABLES`, whose function makes the table from the JSON lines. Edit the rows or this file, never the text between
-the markers (``tests/test_results.py`` fails when the two differ). Rows that a later rerun superseded stay in their
-JSON lines; the functions here leave them out where RESULTS.md says so.
+A table of RESULTS.md stands between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``, each on a line of its
+own; NAME is a key of :data:`TABLES`, whose function makes the table from the JSON lines. Edit the rows or this file,
+never the text between the markers (``tests/test_results.py`` fails when the two differ). Rows that a later rerun
+superseded stay in their JSON lines; the functions here leave them out where RESULTS.md says so.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 DOC = HERE / "RESULTS.md"
-MARKED = re.compile(r"(<!-- report:([\w-]+) -->\n)(.*?)(<!-- /report:([\w-]+) -->)", re.DOTALL)
+MARKED = re.compile(r"^(<!-- report:([\w-]+) -->\n)(.*?)^(<!-- /report:([\w-]+) -->)$", re.DOTALL | re.MULTILINE)
+OPENED = re.compile(r"^<!-- report:([\w-]+) -->$", re.MULTILINE)
 
 
 def rows(name: str) -> list[dict]:
@@ -227,10 +228,11 @@ MTMT_SYSTEMS = {
 }
 
 
-def campaign_mtmt_table(section: str = "b/") -> str:
+def campaign_mtmt_table(section: str = "b/", labels: dict[str, str] | None = None, sign: bool = False) -> str:
     """MTMT rows of the campaign: WikiANN de dev F1 mean ± std per system over the seeds, and the paired difference
     to direct transfer and to TSL (each seed's F1 minus the same seed's, over the seeds where both came from one
-    campaign row: only there did they distil the same teachers; another row of that seed trained its own)."""
+    campaign row: only there did they distil the same teachers; another row of that seed trained its own). Systems
+    under their ``labels`` and in their order; ``sign``: the differences with ``+`` / ``−``."""
     by_system: dict[str, dict[int, dict]] = {}
     row_of: dict[tuple[str, int], str] = {}
     for line in campaign(section):
@@ -241,10 +243,10 @@ def campaign_mtmt_table(section: str = "b/") -> str:
     def paired(system: str, base: str) -> str:
         seeds = [s for s in sorted(by_system[system]) if system != base and (base, s) in row_of
                  and row_of[base, s] == row_of[system, s]]
-        return _mean_std([by_system[system][s]["f1"] - by_system[base][s]["f1"] for s in seeds], sign=True)
+        return _mean_std([by_system[system][s]["f1"] - by_system[base][s]["f1"] for s in seeds], sign=sign)
 
     body = []
-    for name, system, by_seed in _ordered(by_system, MTMT_SYSTEMS):
+    for name, system, by_seed in _ordered(by_system, labels):
         rs = list(by_seed.values())
         p, r_ = (sum(r[k] for r in rs) / len(rs) for k in ("precision", "recall"))
         body.append([name, len(rs), _mean_std([r["f1"] for r in rs]), paired(system, "direct"), paired(system, "tsl"),
@@ -763,7 +765,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "sts": sts_table,
     "multitask": campaign_multitask_table,
     "multitask-smoke": lambda: multitask_table(rows("multitask.jsonl")),
-    "mtmt": campaign_mtmt_table,
+    "mtmt": lambda: campaign_mtmt_table("b/", MTMT_SYSTEMS, sign=True),
     "mtmt-smoke": mtmt_smoke_table,
     "tradeoff": tradeoff_table,
     "students": students_table,
@@ -800,7 +802,7 @@ def marked(doc: str) -> list[tuple[str, str]]:
         if m[2] not in TABLES:
             raise ValueError(f"<!-- report:{m[2]} -->: report.py has no table of that name")
         found.append((m[2], m[3]))
-    opened = re.findall(r"<!-- report:([\w-]+) -->", doc)
+    opened = OPENED.findall(doc)
     if len(opened) != len(found):
         raise ValueError(f"markers without their closing twin among {sorted(set(opened) - {n for n, _ in found})}")
     return found
