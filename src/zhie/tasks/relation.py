@@ -30,6 +30,7 @@ from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
 from zhie.core.spans import Span
 from zhie.core.text import windows
+from zhie.data import label_studio
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, check_max_length, only_auto_format, rename_weights, sparse_cells
@@ -113,7 +114,9 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
-        only_auto_format(format, "triples (CMeIE/DuIE JSON lines)")
+        if label_studio.asked(path, format):
+            return label_studio.read_triples(path)
+        only_auto_format(format, "triples (CMeIE/DuIE JSON lines) or a Label Studio export (--format label-studio)")
         return read_spo(path)
 
     @classmethod
