@@ -21,14 +21,14 @@ of its own. ``run`` executes the rows whose key has no line in ``benchmarks/resu
   wall seconds over every session, the load average, and the benchmark's own lines (every option it records).
   A failed row is logged in ``<dir>/failed.jsonl`` with its stderr tail and retried by the next ``run``.
 
-A lent GPU machine can run the plan's rows of ``GPU_SCRIPTS`` many at a time: ``device_pack.py --campaign``
+A GPU machine can run the plan's rows of ``GPU_SCRIPTS`` many at a time: ``device_pack.py --campaign``
 packs the rows left with their commit's code, ``benchmarks/gpu_campaign.py`` runs them there, and ``import`` checks
 what came back against the plan (the same key, commit and command) and appends it like the runner's lines, with
 the device named and no CPU seconds.
 
     python benchmarks/device_pack.py --campaign c/                         # here
-    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540       # there, carrying .devcarry
-    python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl    # here, with what came back
+    python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540       # there, with .gpu-pack copied beside the code
+    python benchmarks/campaign.py import DIR/gpu_rows.jsonl    # here, with what came back
 
 ``<dir>`` is ``ZHIE_CAMPAIGN_DIR`` or ``../campaign`` beside the repository. Placeholders in a command:
 ``{python}`` (this interpreter), ``{run_dir}``, ``{runs}`` (every row's run directory: a row may reuse another's

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import platform
@@ -13,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 ROOT = Path(__file__).resolve().parents[1]
 # The datasets of ../shared/data; ZHIE_DATA points elsewhere (e.g. a copy carried to a GPU machine).
@@ -31,17 +31,17 @@ def machine_lock(directory: Path = CAMPAIGN_DIR):
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    with (directory / "machine.lock").open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"waiting for another benchmark to finish (lock {directory / 'machine.lock'}; "
-                  f"`python benchmarks/campaign.py status` says which)", file=sys.stderr, flush=True)
-            fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    lock = FileLock(directory / "machine.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        print(f"waiting for another benchmark to finish (lock {directory / 'machine.lock'}; "
+              f"`python benchmarks/campaign.py status` says which)", file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def peak_memory_mb() -> float:

@@ -1,22 +1,22 @@
-"""Pack what a benchmark run on a lent GPU machine needs into ``.devcarry/`` (git-ignored, under 64 MiB).
+"""Pack what a benchmark run on a GPU machine needs into ``.gpu-pack/`` (git-ignored, under 64 MiB).
 
     python benchmarks/device_pack.py
 
 The GPU machine sees only the repository, so this copies the datasets the benchmarks read and writes e5-small with
 its vocabulary pruned to CJK ideographs, ASCII, punctuation and every character of those datasets, plus every
 subword piece of the sentence-pair data's sentences with and without e5's ``"query: "`` prefix and of the WikiANN
-sentences (``.devcarry/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly such a
+sentences (``.gpu-pack/e5-small-pruned``, safetensors in fp32). Char-mode training prunes e5-small to exactly such a
 set anyway (``--keep-tokens auto``), pruning keeps the hidden states of kept tokens unchanged, and a Unigram
 tokenizer segments a text the same way as long as the pieces of its best segmentation are kept, so a run on the
 pruned copy equals a run on e5-small. The weights travel xz-compressed (lossless: dequantised 4-bit values compress
 well). On the GPU machine:
 
     python3 benchmarks/device_pack.py --unpack
-    ZHIE_DATA=.devcarry/data python3 benchmarks/ner.py --encoder .devcarry/e5-small-pruned ...
+    ZHIE_DATA=.gpu-pack/data python3 benchmarks/ner.py --encoder .gpu-pack/e5-small-pruned ...
 
 With ``--campaign PREFIX...`` it packs instead the campaign's rows left whose key starts with a PREFIX and whose script
-a GPU machine runs (``campaign.GPU_SCRIPTS``; ``.devcarry/rows.txt``: key and command), the code of their commit
-(``.devcarry/tree``, with a file ``COMMIT``), and only the datasets they read, with e5-small pruned to those;
+a GPU machine runs (``campaign.GPU_SCRIPTS``; ``.gpu-pack/rows.txt``: key and command), the code of their commit
+(``.gpu-pack/tree``, with a file ``COMMIT``), and only the datasets they read, with e5-small pruned to those;
 ``benchmarks/gpu_campaign.py`` runs them there (benchmarks/campaign.py).
 """
 
@@ -47,7 +47,7 @@ WIKIANN = ["xner/wikiann/en/train", "xner/wikiann/en/dev", "xner/wikiann/de/trai
 NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN}
 
 
-OUT = ROOT / ".devcarry"
+OUT = ROOT / ".gpu-pack"
 WEIGHTS = OUT / "e5-small-pruned" / "model.safetensors"
 
 

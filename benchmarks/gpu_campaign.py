@@ -1,12 +1,12 @@
-"""The campaign's rows (benchmarks/campaign.py) on a lent GPU machine, many at a time on the one GPU (CUDA MPS).
+"""The campaign's rows (benchmarks/campaign.py) on a GPU machine, many at a time on the one GPU (CUDA MPS).
 
-    python benchmarks/device_pack.py --campaign e/ b/                       # here: .devcarry/ (rows, code, data)
+    python benchmarks/device_pack.py --campaign e/ b/                       # here: .gpu-pack/ (rows, code, data)
     python3 benchmarks/gpu_campaign.py --parallel 16 --seconds 540 --stagger 20 --save-every 300
-                                            # there (carry .devcarry); again, while warm, while rows are left
-    python benchmarks/campaign.py import /work/.device/N/gpu_rows.jsonl     # here, with the last call's file
+                                            # there (copy .gpu-pack there); again while rows are left
+    python benchmarks/campaign.py import DIR/gpu_rows.jsonl     # here, with the last call's file
 
-Runs the rows of ``.devcarry/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
-``.devcarry/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder``, ``--parallel`` at a
+Runs the rows of ``.gpu-pack/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
+``.gpu-pack/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder``, ``--parallel`` at a
 time, for at most ``--seconds``; rows that write into one shared directory (``--out {runs}/...``) start
 ``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
 teachers if they were trained on this machine; otherwise they train their own, so keep an ablation row and the
@@ -16,7 +16,7 @@ without checkpoints: a row cut by the time limit starts again at the next call (
 unless ``--save-every N`` is given: then every row checkpoints every N steps (and at each epoch end) and a cut row
 resumes from its checkpoint at the next call on the same machine, for rows longer than one call; rows finished in an
 earlier call on the same machine are not run again. Every device call replaces the carried
-``.devcarry``, so what the rows write stays outside the repository (``--runs``, default /root/campaign-runs).
+``.gpu-pack``, so what the rows write stays outside the repository (``--runs``, default ~/zhie-campaign-runs).
 Standard library only: it runs under the machine's own python3.
 """
 
@@ -34,7 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-CARRY = Path(__file__).resolve().parents[1] / ".devcarry"
+CARRY = Path(__file__).resolve().parents[1] / ".gpu-pack"
 
 
 def rows(path: Path) -> list[tuple[str, str]]:
@@ -115,7 +115,7 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=16, help="rows (chains) at once")
     p.add_argument("--seconds", type=float, default=540, help="stop the rows still running after this long")
     p.add_argument("--stagger", type=float, default=90, help="seconds between rows sharing an --out directory")
-    p.add_argument("--runs", type=Path, default=Path("/root/campaign-runs"))
+    p.add_argument("--runs", type=Path, default=Path.home() / "zhie-campaign-runs")
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps; a row cut by --seconds resumes at the next call")
     args = p.parse_args()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The NER benchmarks on one lent GPU machine, all training runs in parallel (see benchmarks/device_pack.py), then
+# The NER benchmarks on one GPU machine, all training runs in parallel (see benchmarks/device_pack.py), then
 # prediction speed and the HF-pipeline comparison one model at a time on the otherwise idle GPU.
 #   python benchmarks/device_pack.py            # here
 #   bash benchmarks/gpu_ner.sh                  # there; results in $ZHIE_RESULTS (default benchmarks/results)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peers side by side with roofline figures on one lent GPU machine, nothing else running on the GPU: zhie's CRF
+# Peers side by side with roofline figures on one GPU machine, nothing else running on the GPU: zhie's CRF
 # against pytorch-crf, prediction against HF pipeline("token-classification"), GP training tokens/s against a plain HF
 # Trainer (bert4torch's environment is not carried to the device: its comparison runs on the CPU only).
 #   python benchmarks/device_pack.py            # here

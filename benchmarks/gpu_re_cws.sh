@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPLinker (CMeIE) and the CWS CRF learning-rate study on one lent GPU machine, training runs in parallel, then
+# GPLinker (CMeIE) and the CWS CRF learning-rate study on one GPU machine, training runs in parallel, then
 # GPLinker's memory and decoding measurements alone. Set-up as in benchmarks/gpu_ner.sh.
 R=runs/gpu
 source "$(dirname "$0")/gpu_env.sh"

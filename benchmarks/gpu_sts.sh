@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sentence-embedding benchmarks on one lent GPU machine (set-up as in benchmarks/gpu_ner.sh): the untrained
+# Sentence-embedding benchmarks on one GPU machine (set-up as in benchmarks/gpu_ner.sh): the untrained
 # baselines, then cosent / sbert / cosine-mse on STS-B and ATEC, all training runs in parallel. First, alone on
 # the GPU: CLUENER crf and softmax trained for a few hundred steps and their prediction speed (decoding share).
 R=runs/gpu3

@@ -30,6 +30,7 @@ from zhie.training import TrainConfig
 from zhie.training.report import read_metrics
 
 DATA = DATA / "ner"
+DATASETS = ["cluener", "peoples_daily", "cmeee"]
 
 
 def dataset_files(name: str, out: Path) -> tuple[Path, Path]:
@@ -155,7 +156,7 @@ def compare_hf(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True, choices=["cluener", "peoples_daily", "cmeee"])
+    p.add_argument("--dataset", required=True, choices=DATASETS)
     p.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
     p.add_argument("--encoder", default="e5-small")
     p.add_argument("--encoder-layers", type=int, default=None)

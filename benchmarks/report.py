@@ -261,7 +261,7 @@ def campaign_groups(section: str) -> dict[str, list[dict]]:
 def campaign_ner_table(section: str) -> str:
     """NER rows of the campaign: dev F1 mean ± sample std over the seeds, the mean dev F1 after each epoch, the
     seeds' values, and where the rows ran: the CPU hours they took on this project's 2-core machine, or the minutes
-    each took on a lent GPU beside the rows it ran with (neither is a performance figure)."""
+    each took on a GPU beside the rows it ran with (neither is a performance figure)."""
     lines = ["| configuration | epochs | seeds | dev F1 mean ± std | mean F1 after each epoch | per seed | ran on |",
              "|---|---|---|---|---|---|---|"]
     for group, lines_ in campaign_groups(section).items():
@@ -276,7 +276,8 @@ def campaign_ner_table(section: str) -> str:
 
 
 def _ran_on(lines: list[dict]) -> str:
-    """``CPU 2.9 h`` for rows of the campaign runner, ``H100 5-6 min (16 at once)`` for rows of a lent GPU, or both."""
+    """``CPU 2.9 h`` for rows of the campaign runner, ``H100 5-6 min (16 at once)`` for rows of a GPU machine, or
+    both."""
     parts = []
     cpu = [line["cpu_s"] for line in lines if not line.get("device")]
     if cpu:

@@ -5,8 +5,9 @@ training time (speed is measured apart, on a quiet machine, through ``zhie predi
     python benchmarks/students.py --teacher T --dataset cluener --layers 4 --wiki-sentences 20000 --out runs/students
     python benchmarks/students.py --teacher T --student conv --width 256 --layers 4 --epochs 6 --out runs/conv
 
-The unlabelled text the teacher labels: the dataset's unlabelled test texts (CLUENER), and with ``--wiki-sentences
-N`` the first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
+Datasets: those of ``benchmarks/ner.py`` (People's Daily: its fixed 80/20 split). The unlabelled text the teacher
+labels: the dataset's unlabelled test texts (CLUENER; the others have none), and with ``--wiki-sentences N`` the
+first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
 written to ``OUT/unlabelled.txt``. Each run appends one JSON line to ``benchmarks/results/students.jsonl``.
 """
 
@@ -22,13 +23,14 @@ from datetime import date
 from pathlib import Path
 
 from common import DATA, append_result, machine, machine_lock, peak_memory_mb
+from ner import DATASETS, dataset_files
 
 from zhie.data.base import read_texts
 from zhie.training import TrainConfig
 from zhie.training.report import read_metrics
 from zhie.training.students import distill_student
 
-SETS = {"cluener": ("ner/cluener/train.json", "ner/cluener/dev.json", "ner/cluener/test.json")}
+UNLABELLED = {"cluener": "ner/cluener/test.json"}  # a set's own unlabelled texts (the others: --wiki-sentences)
 
 
 def wiki_sentences(n: int) -> list[str]:
@@ -55,12 +57,15 @@ def teachers(args) -> list[Path]:
 
 
 def run(args) -> dict:
-    train, dev, test = (DATA / p for p in SETS[args.dataset])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    train, dev = dataset_files(args.dataset, out)  # benchmarks/ner.py's files (People's Daily: its fixed split)
     teacher_dirs = teachers(args)
     unlabelled = out / "unlabelled.txt"
-    texts = read_texts(test) + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
+    own = read_texts(DATA / UNLABELLED[args.dataset]) if args.dataset in UNLABELLED else []
+    texts = own + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
+    if not texts:
+        raise SystemExit(f"{args.dataset} has no unlabelled texts of its own: give --wiki-sentences N")
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every)
@@ -91,7 +96,7 @@ def main() -> None:
     p.add_argument("--train-teacher", default=None, metavar="ARGS",
                    help="benchmarks/ner.py's arguments that train a --teacher that does not exist (into the directory "
                         "two levels above it: RUN/cluener-gp/best is trained with --out RUN)")
-    p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
+    p.add_argument("--dataset", default="cluener", choices=DATASETS)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
     p.add_argument("--student", default="cut", choices=["cut", "conv"])

@@ -23,6 +23,11 @@ the final weights of the two runs.
 10 s (long enough for the main process's writes), with an evaluation that takes 15 s and scores each process
 differently; writes ``RESULTS/rank<r>.json``: how often this process evaluated, and the loop's summary.
 
+``adversarial BATCH_SIZE OUT RESULTS`` trains a small model with an embedding table with FGM, then with PGD (2
+global batches a step, :func:`embedding_model`) and writes ``RESULTS/rank<r>.json``: per method, the unit direction
+each adversarial step started from, with one process also the unit gradient of the micro-batch's own clean loss
+there, and the final weights.
+
 ``pretrain OUT ARGS... RESULTS`` runs ``zhie pretrain --out OUT ARGS`` (:func:`zhie.cli.main`) and writes
 ``RESULTS/rank<r>.json``: its exit code and the paths beside ``OUT`` that this process changed.
 """
@@ -130,6 +135,59 @@ def evaluate(out: str) -> dict:
     return {"evaluations": len(calls), "summary": summary}
 
 
+class EmbeddingModel(nn.Module):
+    """Token ids -> a score: an embedding table (what FGM/PGD perturb), tanh, a linear layer; no dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.out = nn.Embedding(20, DIM), nn.Linear(DIM, 1)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.embed(ids))).mean(1)
+
+
+def embedding_model() -> tuple[nn.Module, dict]:
+    """:class:`EmbeddingModel` and the training arguments of 32 items of 5 token ids and a target."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    ids, y = torch.randint(0, 20, (32, 5), generator=g), torch.randn(32, 1, generator=g)
+    return EmbeddingModel(), {"train_items": list(range(32)), "collate": lambda rows: {"ids": ids[rows], "y": y[rows]}}
+
+
+def adversarial(batch_size: str, out: str) -> dict:
+    from zhie.training import loop
+
+    single, result = int(os.environ["WORLD_SIZE"]) == 1, {}
+    for method in ("fgm", "pgd"):
+        model, data = embedding_model()
+        directions, own = [], []
+        step = getattr(loop, f"{method}_step")
+
+        def recording(weight, batch_grad, *args, step=step, directions=directions, own=own, **kwargs):
+            directions.append((batch_grad / batch_grad.norm()).flatten().tolist())
+            if single:  # the gradient of this micro-batch's clean loss, at the weights of its clean pass
+                (g,) = torch.autograd.grad(args[0](), weight)  # FGM: the loss, PGD: the direction loss
+                own.append((g / g.norm()).flatten().tolist())
+            return step(weight, batch_grad, *args, **kwargs)
+
+        setattr(loop, f"{method}_step", recording)
+        try:
+            train(model, **data, loss_fn=lambda m, b: ((m(b["ids"]) - b["y"]) ** 2).mean(), out_dir=Path(out, method),
+                  config=TrainConfig(epochs=1, batch_size=int(batch_size), grad_accum=2, lr=0.1, seed=0, warmup=0.0,
+                                     adversarial=method, adv_epsilon=0.5, adv_alpha=0.3, adv_steps=2),
+                  resume=False, progress=False)
+        finally:
+            setattr(loop, f"{method}_step", step)
+        result[method] = {"directions": directions, "own": own,
+                          "weights": {k: v.flatten().tolist() for k, v in model.state_dict().items()}}
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return result
+
+
 def record_writes(out: Path) -> list[str]:
     """The paths under ``out`` that this process changes from now on (created, opened for writing, renamed or
     deleted; seen by an audit hook), filled in as it goes."""
@@ -187,6 +245,6 @@ def distill(recognizer: str, evaluator: str, target: str, encoder: str, out: str
 if __name__ == "__main__":
     mode, *args, results = sys.argv[1:]
     result = {"cosent": cosent, "resume": resume, "evaluate": evaluate, "ner": ner, "pretrain": pretrain,
-              "multitask": multitask, "distill": distill}[mode](*args)
+              "multitask": multitask, "distill": distill, "adversarial": adversarial}[mode](*args)
     result |= {"rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
     Path(results, f"rank{result['rank']}.json").write_text(json.dumps(result))

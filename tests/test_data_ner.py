@@ -241,7 +241,7 @@ BAD = [
     ("bad.json", '{"text": "a", "label": {}}\n\n["a"]\n', 3, "expected a JSON object"),
     ("bad.json", '{"label": {}}\n', 1, "missing field 'text'"),
     ("bad.json", '{"text": 5}\n', 1, "'text' must be a string"),
-    ("bad.json", '{"text": "ab", "label": ["x"]}\n', 1, "'label' must be an object"),
+    ("bad.json", '{"text": "ab", "label": "x"}\n', 1, "'label' must be an object"),  # a list: doccano's
     ("bad.json", '{"text": "ab", "label": {"name": {"ab": [[0, 2]]}}}\n', 1, "outside the text"),
     ("bad.json", '{"text": "ab", "label": {"name": {"ab": [[1, 0]]}}}\n', 1, "empty or outside"),
     ("bad.json", '{"text": "ab", "label": {"name": {"ab": [[0]]}}}\n', 1, "expected a [start, end] pair"),

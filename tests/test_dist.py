@@ -251,6 +251,25 @@ def test_a_resumed_run_ends_as_the_uninterrupted_one(tmp_path):
     assert [r["max_difference"] for r in torchrun(2, tmp_path / "results", "resume", tmp_path)] == [0.0, 0.0]
 
 
+@needs_gloo
+def test_adversarial_steps_with_accumulation_perturb_as_one_process(tmp_path):
+    """FGM and PGD with 2 batches a step (the first under DDP's no_sync, the second synchronised): in 2 processes x
+    batch 4, each adversarial step starts from the same direction in both, that of 1 process x batch 8, where it is
+    the gradient of the micro-batch's own clean loss; both runs end with the same weights."""
+    one = torchrun(1, tmp_path / "results1", "adversarial", 8, tmp_path / "run1")[0]
+    two = torchrun(2, tmp_path / "results2", "adversarial", 4, tmp_path / "run2")
+    for method in ("fgm", "pgd"):
+        reference = torch.tensor(one[method]["directions"])
+        assert reference.shape[0] == 4  # 2 steps of 2 micro-batches
+        torch.testing.assert_close(reference, torch.tensor(one[method]["own"]), rtol=0, atol=1e-5)
+        for rank in two:
+            torch.testing.assert_close(torch.tensor(rank[method]["directions"]), reference, rtol=0, atol=1e-5,
+                                       msg=lambda m, r=rank["rank"], method=method: f"{method}, rank {r}: {m}")
+        for name, values in one[method]["weights"].items():
+            torch.testing.assert_close(torch.tensor(two[0][method]["weights"][name]), torch.tensor(values), rtol=0,
+                                       atol=1e-5, msg=lambda m, name=name, method=method: f"{method} {name}: {m}")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # MTMT distillation: 2 processes x batch 8 against 1 process x batch 16
 # ---------------------------------------------------------------------------------------------------------------
@@ -343,3 +362,15 @@ def test_e5_is_converted_once_when_processes_start_together(tmp_path, monkeypatc
         assert list(pool.map(convert, range(4))) == [out] * 4
     assert len(conversions) == 1
     assert (out / "model.safetensors").exists() and (tmp_path / ".e5-small.lock").exists()
+
+
+def test_e5_conversion_needs_no_fcntl(tmp_path, monkeypatch):
+    """Windows has no fcntl: the first run's conversion still takes its lock (filelock picks the system's) and
+    converts."""
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` raises ImportError, as on Windows
+    monkeypatch.setattr(e5, "read", lambda source: None)
+    monkeypatch.setattr(e5, "write_model_dir", lambda f, out: [(out / n).write_text("") for n in
+                                                               ("model.safetensors", "tokenizer.json")])
+    out = tmp_path / "e5-small"
+    assert e5.convert(source=tmp_path / "e5-small-q4.bin", out_dir=out) == out
+    assert (out / "model.safetensors").exists()

@@ -16,6 +16,7 @@ from zhie.cli import build_parser
 from zhie.heads import masking_value
 from zhie.tasks.base import model_inputs
 from zhie.training import TrainConfig
+from zhie.training.config import config_from_flags
 from zhie.training.report import read_metrics
 
 TEXTS = [ex.text for ex in nested_corpus(30, seed=1)]  # sentences the tiny models learned
@@ -76,7 +77,7 @@ def test_the_loss_is_fp32_under_autocast():
 
 
 def test_zhie_train_in_bf16_learns(tmp_path):
-    """In a process of its own: accelerate keeps one precision per process (its AcceleratorState)."""
+    """`zhie train --precision bf16`, the command in a process of its own."""
     from zhie.data import write_ner_jsonl
 
     write_ner_jsonl(nested_corpus(64, seed=1), tmp_path / "train.jsonl")
@@ -90,10 +91,26 @@ def test_zhie_train_in_bf16_learns(tmp_path):
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0]
 
 
+def test_a_second_fit_in_one_process_may_take_another_precision(tmp_path):
+    """accelerate keeps one precision per process (its AcceleratorState): each run sets its own."""
+    from accelerate.state import AcceleratorState
+
+    from zhie.data import write_ner_jsonl
+
+    write_ner_jsonl(nested_corpus(16, seed=1), tmp_path / "train.jsonl")
+    for precision, accelerate_name in (("bf16", "bf16"), ("fp32", "no"), ("bf16", "bf16")):
+        zhie.fit("ner", tmp_path / "train.jsonl", tmp_path / "train.jsonl", out=tmp_path / f"run-{precision}",
+                 encoder="tiny", head="gp", max_length=32, config=TrainConfig(max_steps=2, batch_size=8,
+                                                                              precision=precision),
+                 resume=False, progress=False)
+        assert AcceleratorState().mixed_precision == accelerate_name
+
+
 def test_train_flags_precision_and_the_deprecated_alias(capsys):
     parser = build_parser()
     args = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c", "--precision", "bf16"])
     assert args.precision == "bf16"
     args = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c", "--mixed-precision", "no"])
     assert args.precision == "fp32" and "deprecated" in capsys.readouterr().err
-    assert parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c"]).precision == "fp32"
+    default = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c"])
+    assert default.precision is None and config_from_flags(default).precision == "fp32"  # TrainConfig's default

@@ -66,6 +66,15 @@ def test_ray_bad_line_names_file_and_line(local_ray, tmp_path, capsys):
     assert [row["text"] for row in read_shards(tmp_path / "out")] == ["张三去了北京。"]
 
 
+@pytest.mark.parametrize("url", ["s3://bucket/texts.txt", "gs://bucket/shards/", "file:///shared/texts.txt"])
+def test_ray_input_urls_are_refused(url, tmp_path, capsys):
+    """The input is read with the local file system on every node: a URL is refused, saying what to give instead."""
+    assert main(["predict", str(tmp_path / "model"), "--ray", "--input", url, "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--input {url}: --ray reads local paths" in err and "shared file system" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def test_each_ray_task_reads_a_piece_of_a_file(local_ray, tmp_path):
     """20 lines in pieces of 8 lines are 3 read tasks (blocks), not one for the file; a Parquet file's pieces are its
     row groups; the line numbers are the file's (line 10, blank, has no text), also in a bad line's message."""

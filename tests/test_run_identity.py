@@ -9,11 +9,11 @@ import pytest
 
 import zhie
 from tests.tiny_models import nested_corpus
-from zhie.cli import _train_config, build_parser
+from zhie.cli import build_parser
 from zhie.data import write_ner_jsonl
 from zhie.training import TrainConfig
 from zhie.training.checkpoint import claim
-from zhie.training.config import default_lr
+from zhie.training.config import config_from_flags, default_lr
 
 
 def test_the_default_rate_falls_with_the_square_of_the_encoders_width():
@@ -31,7 +31,7 @@ def test_the_default_rate_falls_with_the_square_of_the_encoders_width():
 def test_zhie_train_sets_no_rate_of_its_own():
     """The CLI leaves the rates and the batch to TrainConfig (one source), as benchmarks/ner.py does."""
     args = build_parser(["train"]).parse_args(["train", "ner", "--train", "t", "--dev", "d", "--out", "o"])
-    config = _train_config(args)
+    config = config_from_flags(args)
     assert (config.lr, config.head_lr, config.batch_size) == (None, None, TrainConfig.batch_size) == (None, None, 16)
 
 
@@ -90,3 +90,35 @@ def test_a_second_job_on_the_same_out_is_refused_before_it_writes(data):
             fit(data)
         assert not (data / "run").exists()  # refused before anything was written
     fit(data)  # free again once the other job ends
+
+
+def test_every_train_config_field_is_a_flag_of_zhie_train_with_its_help():
+    """One source: the flags are made from TrainConfig's fields (find_unused_parameters is the task's to set)."""
+    from dataclasses import fields
+
+    parser = build_parser(["train"])
+    args = parser.parse_args(["train", "ner", "--train", "t", "--dev", "d", "--out", "o", "--save-every", "7",
+                              "--weight-decay", "0", "--optimizer", "lamb", "--report-to", "none"])
+    config = config_from_flags(args)
+    assert (config.save_every, config.weight_decay, config.optimizer, config.report_to) == (7, 0.0, "lamb", ())
+    flags = {f.name for f in fields(TrainConfig)} - {"find_unused_parameters"}
+    assert flags <= set(vars(args))
+
+
+def test_config_toml_reruns_the_run_and_flags_override_it(data, capsys):
+    from zhie.cli import main
+
+    common = ["--train", str(data / "train.jsonl"), "--dev", str(data / "dev.jsonl"), "--encoder", "tiny",
+              "--max-length", "32", "--epochs", "1", "--batch-size", "8", "--seed", "3", "--quiet"]
+    assert main(["train", "ner", *common, "--out", str(data / "a"), "--head", "egp", "--lr", "1e-3"]) == 0
+    config = data / "a" / "config.toml"
+    assert main(["train", "--config", str(config), "--out", str(data / "b")]) == 0
+    assert main(["train", "--config", str(config), "--out", str(data / "c"), "--head", "gp"]) == 0
+    first, again, other = (json.loads((data / d / "best" / "training.json").read_text(encoding="utf-8"))
+                           for d in "abc")
+    assert again["train_config"] == first["train_config"] and again["train_config"]["lr"] == 1e-3
+    assert again["dev"] == first["dev"]  # the same run again
+    assert (first["options"]["head"], again["options"]["head"], other["options"]["head"]) == ("egp", "egp", "gp")
+    (data / "bad.toml").write_text('task = "ner"\nheads = "gp"\n[training]\nlr = 1e-3\n', encoding="utf-8")
+    assert main(["train", "--config", str(data / "bad.toml"), "--out", str(data / "d")]) == 2
+    assert "heads: not a setting of zhie train ner" in capsys.readouterr().err

@@ -259,6 +259,28 @@ def test_an_unknown_device_is_one_clear_error(ner_dir):
         zhie.load(ner_dir, device="nowhere")
 
 
+def test_the_commands_over_a_model_take_a_device(ner_dir, capsys):
+    """``--device cpu|cuda|cuda:N|auto`` (default auto: the GPU if there is one) on predict, eval, segment, embed,
+    handed to the model's loading."""
+    parser = build_parser()
+    for command in (["predict", "m"], ["eval", "m", "--data", "d"], ["segment", "m"], ["embed", "m"]):
+        assert parser.parse_args(command).device is None
+        assert parser.parse_args([*command, "--device", "auto"]).device is None
+        assert parser.parse_args([*command, "--device", "cuda:1"]).device == "cuda:1"
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--device", "gpu"])
+        assert "use cpu, cuda, cuda:N or auto" in capsys.readouterr().err
+    data = ner_dir.parents[1] / "train.jsonl"
+    assert main(["predict", str(ner_dir), "北京", "--device", "cpu"]) == 0
+    assert main(["eval", str(ner_dir), "--data", str(data), "--device", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["predict", str(ner_dir), "--ray", "--device", "cpu", "--input", "in.txt", "--output", "out"]) == 2
+    assert "with --ray, Ray places each worker's model" in capsys.readouterr().err
+    if not torch.cuda.is_available():  # the device reaches the model: on a machine without a GPU, cuda is refused
+        assert main(["predict", str(ner_dir), "北京", "--device", "cuda"]) == 2
+        assert "cannot put the model on the device 'cuda'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("task, data", [("ner", "ner.jsonl"), ("cws", "cws.txt"), ("re", "re.jsonl"),
                                         ("sts", "pairs.tsv")])
 def test_a_max_length_without_room_for_text_is_refused(task, data, tmp_path, capsys):

@@ -65,14 +65,15 @@ def test_the_plot_draws_every_step_and_each_evaluation(tmp_path):
 
 
 def test_flags_reach_the_config_and_a_missing_tracker_gives_its_install_line(monkeypatch):
-    from zhie.cli import _train_config, build_parser
+    from zhie.cli import build_parser
+    from zhie.training.config import config_from_flags
 
     common = ["train", "ner", "--train", "t.json", "--dev", "d.json", "--out", "o"]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if every tracker were installed
     args = build_parser().parse_args([*common, "--log-every", "7", "--report-to", "tensorboard", "mlflow"])
-    config = _train_config(args)
+    config = config_from_flags(args)
     assert (config.log_every, config.report_to) == (7, ("tensorboard", "mlflow"))
-    assert _train_config(build_parser().parse_args(common)).report_to == ()  # default: none
+    assert config_from_flags(build_parser().parse_args(common)).report_to == ()  # default: none
     with pytest.raises(ValueError, match="'tensorbored' is not a tracker"):
         TrainConfig(report_to=("tensorbored",))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from zhie import encoders
-from zhie.cli import _train_config, build_parser
+from zhie.cli import build_parser
 from zhie.heads import CrfTagger, GlobalPointer, SoftmaxTagger
 from zhie.heads.tagger import IGNORE
 from zhie.model import Model
@@ -24,6 +24,7 @@ from zhie.training import (
     symmetric_kl,
     train,
 )
+from zhie.training.config import config_from_flags
 
 TEXTS = ["北京大学位于海淀区。", "张三在上海工作。", "李四去了南京市。", "王五毕业于复旦大学。"]
 
@@ -270,7 +271,7 @@ def test_cli_flags_reach_the_train_config():
     args = build_parser().parse_args(
         ["train", "ner", "--train", "a", "--dev", "b", "--out", "o", "--adversarial", "pgd", "--adv-epsilon", "0.5",
          "--adv-alpha", "0.1", "--adv-steps", "2", "--rdrop", "4", "--llrd", "0.9", "--ema", "0.999"])
-    config = _train_config(args)
+    config = config_from_flags(args)
     assert (config.adversarial, config.adv_epsilon, config.adv_alpha, config.adv_steps) == ("pgd", 0.5, 0.1, 2)
     assert (config.rdrop, config.llrd, config.ema) == (4.0, 0.9, 0.999)
     with pytest.raises(ValueError, match="adversarial"):

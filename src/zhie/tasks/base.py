@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -554,11 +555,23 @@ def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32, outpu
 
 
 def add_batching_flags(p: argparse.ArgumentParser) -> None:
-    """``--max-tokens`` and ``--precision`` (also ``zhie eval``'s)."""
+    """``--max-tokens``, ``--precision`` and ``--device`` (also ``zhie eval``'s)."""
     p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
                    help="batches of at most N padded tokens over length-sorted texts instead of --batch-size texts")
     p.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
+    p.add_argument("--device", type=device_name, default=None, metavar="DEVICE",
+                   help="cpu, cuda, cuda:N, or auto (default: the GPU if there is one, else the CPU); an export runs "
+                        "on the CPU")
+
+
+def device_name(value: str) -> str | None:
+    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` as given; ``auto`` is None (the GPU if there is one)."""
+    if value == "auto":
+        return None
+    if value in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
 
 
 def check_max_length(max_length: int) -> int:

@@ -30,7 +30,8 @@ from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
 from zhie.core.spans import Span
 from zhie.core.text import windows
-from zhie.data import label_studio
+from zhie.data import detect_format, label_studio
+from zhie.data.doccano import read_doccano_relations
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
 from zhie.tasks.base import WindowedTask, check_max_length, only_auto_format, rename_weights, sparse_cells
@@ -114,9 +115,15 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
-        if label_studio.asked(path, format):
+        """CMeIE/DuIE JSON lines, doccano's relation export (``--format doccano``) or a Label Studio export
+        (``--format label-studio``), the last two also detected."""
+        detected = detect_format(path) if format == "auto" else format
+        if detected == "doccano":
+            return read_doccano_relations(path)
+        if detected == "label-studio":
             return label_studio.read_triples(path)
-        only_auto_format(format, "triples (CMeIE/DuIE JSON lines) or a Label Studio export (--format label-studio)")
+        only_auto_format(format, "triples (CMeIE/DuIE JSON lines, doccano's relation export: --format doccano, or a "
+                                 "Label Studio export: --format label-studio)")
         return read_spo(path)
 
     @classmethod

@@ -18,7 +18,6 @@ from .optim import (
                     build_param_groups,
                     build_scheduler,
                     encoder_depth,
-                    linear_warmup_decay,
                     with_lr_multipliers,
 )
 from .rdrop import RDropLoss, symmetric_kl
@@ -45,7 +44,6 @@ __all__ = [
     "build_param_groups",
     "build_scheduler",
     "epoch_batches",
-    "linear_warmup_decay",
     "load_checkpoint",
     "replace_dir",
     "run",

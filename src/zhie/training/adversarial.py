@@ -17,7 +17,9 @@ rounding is left behind). Nothing is patched: the perturbation is an in-place ch
   back-propagated into the gradients: the step's gradient is ``grad(clean) + grad(loss at r_K)``.
 
 With gradient accumulation the direction comes from this batch's own gradient (the embedding gradient accumulated
-before the batch is subtracted). ``model`` is the task model (an ``encoder`` attribute with
+before the batch is subtracted). In several processes every direction is the mean over the processes of the gradient
+of their slices of the batch (:func:`batch_gradient`; PGD's later directions too): the same in every process, and
+the direction one process computes on the whole batch. ``model`` is the task model (an ``encoder`` attribute with
 ``get_input_embeddings()``, or such an encoder itself).
 """
 
@@ -28,7 +30,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-__all__ = ["embedding_weight", "fgm_step", "pgd_step"]
+from zhie.dist import all_reduce_sum, world_size
+
+__all__ = ["batch_gradient", "embedding_weight", "fgm_step", "pgd_step"]
 
 
 def embedding_weight(model: nn.Module) -> nn.Parameter:
@@ -40,6 +44,28 @@ def embedding_weight(model: nn.Module) -> nn.Parameter:
                 return embedding.weight
     raise ValueError(f"adversarial training perturbs the input embeddings, but this {type(model).__name__} has no "
                      "encoder with get_input_embeddings()")
+
+
+def batch_gradient(grad: Tensor | None, before: Tensor | None, synced: bool) -> Tensor | None:
+    """The embedding gradient of the batch just back-propagated, the same in every process: the mean over the
+    processes of the gradients of their slices of it, which is what one process computes on the whole batch.
+
+    ``grad``: the embedding's ``.grad`` after the batch's clean backward; ``before``: the ``.grad`` before it (``None``:
+    the step's first batch). ``synced``: that backward all-reduced the gradients (DDP's last batch of a step, the
+    others run under ``no_sync``), so ``grad`` is already the mean of every process's accumulated gradient and the
+    mean of ``before`` is what to subtract; otherwise ``grad - before`` is this process's own and is averaged. In
+    several processes: one all-reduce of the embedding gradient per batch, none for a step of one batch."""
+    if grad is None:
+        return None
+    if synced:
+        return grad if before is None else grad - _mean(before)
+    return _mean(grad if before is None else grad - before)
+
+
+def _mean(t: Tensor) -> Tensor:
+    """``t`` averaged over the processes (``t`` itself in one)."""
+    n = world_size()
+    return t if n == 1 else all_reduce_sum(t) / n
 
 
 def _unit(g: Tensor) -> Tensor | None:
@@ -91,8 +117,9 @@ def pgd_step(weight: nn.Parameter, batch_grad: Tensor | None, direction_loss: Ca
                 norm = r.float().norm()
                 if norm > epsilon:  # project back onto the epsilon-ball around the clean embeddings
                     weight.copy_(saved + r * (epsilon / norm))
-            if t < steps - 1:
+            if t < steps - 1:  # on the bare model, no DDP: averaged here, the same direction in every process
                 (g,) = torch.autograd.grad(direction_loss(), weight)
+                g = _mean(g)
         loss = adversarial_loss()
         backward(loss)
     finally:

@@ -74,8 +74,9 @@ def claim(out_dir: Path) -> Iterator[None]:
                          "for it to end, or give this run another --out") from None
     try:
         yield
-    finally:
+    finally:  # the lock file goes with the lock: a job that was refused or failed early leaves nothing behind
         lock.release()
+        Path(lock.lock_file).unlink(missing_ok=True)
 
 
 def claims_out(job: Callable) -> Callable:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import argparse
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from zhie.precision import check_precision
+from zhie.precision import PRECISIONS, check_precision
 
 from .tracking import check_trackers
 
@@ -20,6 +22,14 @@ BASE_LR = 2e-4
 BASE_WIDTH = 384
 HEAD_LR_RATIO = 10.0
 OPTIMIZERS = ("adamw", "lamb")
+TRICKS = "training options"
+WATCH = "watching the run"
+
+
+def option(default: Any, help: str, group: str | None = None, **flag) -> Any:
+    """A :class:`TrainConfig` field that is also a flag of ``zhie train`` (``--batch-size`` for ``batch_size``), with
+    its help, the flag group it is listed in and argparse's ``choices``/``metavar``: the one place of both."""
+    return field(default=default, metadata={"help": help, "group": group, "flag": flag})
 
 
 @dataclass
@@ -48,31 +58,43 @@ class TrainConfig:
     at least one every 50 steps), ``report_to`` the experiment trackers that get them (:mod:`zhie.training.tracking`).
     """
 
-    epochs: int = 3
-    max_steps: int | None = None      # stop after this many optimizer steps (overrides epochs when reached)
-    batch_size: int = 16              # items per batch and process (a step sees batch_size x processes x grad_accum)
-    lr: float | None = None           # encoder learning rate; None -> default_lr(encoder width) (resolved())
-    head_lr: float | None = None      # learning rate of everything that is not the encoder; None -> HEAD_LR_RATIO x lr
-    weight_decay: float = 0.01        # not applied to biases and LayerNorm/norm weights
-    warmup: float = 0.1               # fraction of total optimizer steps, linear warm-up then linear decay to 0
-    grad_accum: int = 1
-    max_grad_norm: float | None = 1.0
-    ema: float | None = None          # EMA decay of weights (e.g. 0.999); evaluation and the best model use EMA
-    seed: int = 42
-    patience: int | None = None       # early stopping: stop after this many evaluations without improvement
-    eval_every: int | None = None     # evaluate every N optimizer steps; None -> after each epoch
-    save_every: int | None = None     # resumable checkpoint every N optimizer steps (and always at each epoch end)
-    precision: str = "fp32"           # "fp32", or the encoder in "bf16" / "fp16" (zhie.precision; losses in fp32)
-    adversarial: str | None = None    # "fgm" or "pgd": adversarial training on the input embeddings
-    adv_epsilon: float = 1.0          # FGM: norm of the perturbation; PGD: radius of the ball it is kept in
-    adv_alpha: float = 0.3            # PGD: norm of each ascent step
-    adv_steps: int = 3                # PGD: ascent steps (forward/backward passes besides the clean one)
-    rdrop: float | None = None        # R-Drop alpha (taggers); None: off
-    llrd: float | None = None         # layer-wise lr decay in (0, 1]; None: one encoder lr
-    optimizer: str = "adamw"          # "adamw", or "lamb" (zhie.training.optim.Lamb: GAU-α's pre-training)
-    find_unused_parameters: bool = False  # DDP: some parameters may get no gradient on a step (sampled multi-task)
-    log_every: int | None = None      # steps between step records; None -> total steps / 100, between 1 and 50
-    report_to: tuple[str, ...] = ()   # experiment trackers: "tensorboard", "mlflow", "wandb"
+    epochs: int = option(3, "passes over the training data")
+    max_steps: int | None = option(None, "stop after this many optimizer steps (overrides --epochs when reached)")
+    batch_size: int = option(16, "items per batch and process (a step sees batch x processes x --grad-accum)")
+    lr: float | None = option(None, "encoder learning rate (default: 2e-4 x min(1, (384 / the encoder's width)^2): "
+                                    "2e-4 for e5-small and narrower encoders, 5e-5 for a 768-wide BERT-base; the "
+                                    "similarity task 2e-5 x the same)")
+    head_lr: float | None = option(None, "learning rate of everything that is not the encoder (default: 10 x --lr)")
+    weight_decay: float = option(0.01, "AdamW's, not applied to biases and LayerNorm/norm weights")
+    warmup: float = option(0.1, "warm-up, as a fraction of all steps (linear, then linear decay to 0)")
+    grad_accum: int = option(1, "batches per optimizer step")
+    max_grad_norm: float | None = option(1.0, "clip the gradient norm to this")
+    ema: float | None = option(None, "EMA decay of the weights used for evaluation and the best model (e.g. 0.999)")
+    seed: int = option(42, "seed of the heads' initialisation, the batches and dropout")
+    patience: int | None = option(None, "stop after N evaluations without improvement")
+    eval_every: int | None = option(None, "evaluate every N steps (default: each epoch)")
+    save_every: int | None = option(None, "a resumable checkpoint every N steps (there is always one at each epoch "
+                                          "end)")
+    precision: str = option("fp32", "the encoder in bf16/fp16 under autocast (heads and losses stay fp32)",
+                            choices=PRECISIONS)
+    adversarial: str | None = option(None, "adversarial training on the word embeddings", choices=ADVERSARIAL,
+                                     group=TRICKS)
+    adv_epsilon: float = option(1.0, "FGM: norm of the perturbation; PGD: radius of the ball it stays in",
+                                group=TRICKS)
+    adv_alpha: float = option(0.3, "PGD: norm of each ascent step", group=TRICKS)
+    adv_steps: int = option(3, "PGD: ascent steps (forward/backward passes besides the clean one)", group=TRICKS)
+    rdrop: float | None = option(None, "R-Drop with this alpha (crf/softmax taggers)", metavar="ALPHA", group=TRICKS)
+    llrd: float | None = option(None, "layer-wise lr decay: layer l of L learns at lr x DECAY^(L-l), the embeddings "
+                                      "lowest", metavar="DECAY", group=TRICKS)
+    optimizer: str = option("adamw", "adamw, or lamb (zhie.training.optim.Lamb: GAU-alpha's pre-training)",
+                            choices=OPTIMIZERS)
+    find_unused_parameters: bool = False  # DDP: some parameters may get no gradient on a step (set by the task)
+    log_every: int | None = option(None, "steps between the step records of metrics.jsonl (mean loss, learning "
+                                         "rates, gradient norm, tokens/s); default: about 100 per run, at least one "
+                                         "every 50 steps", metavar="STEPS", group=WATCH)
+    report_to: tuple[str, ...] = option((), "experiment trackers: tensorboard, mlflow, wandb (several allowed) or "
+                                            "none; offline, in --out (install: pip install 'zhie[tensorboard]', "
+                                            "'zhie[mlflow]', 'zhie[wandb]')", metavar="TRACKER", group=WATCH)
 
     def __post_init__(self) -> None:
         def positive(name: str, allow_none: bool = False) -> None:
@@ -125,3 +147,27 @@ def default_lr(width: int, base_lr: float = BASE_LR) -> float:
     """The encoder learning rate for an encoder ``width`` (hidden size) wide: ``base_lr x min(1, (384 / width)^2)``,
     rounded to 2 significant digits (2e-4 for e5-small, 5e-5 for BERT-base)."""
     return float(f"{base_lr * min(1.0, (BASE_WIDTH / width) ** 2):.2g}")
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`TrainConfig`'s fields (:func:`option`), into ``parser`` and its groups. Each defaults to
+    None, so that :func:`config_from_flags` gives a field that was not given its :class:`TrainConfig` default (shown in
+    the help)."""
+    groups = {None: parser}
+    for f in fields(TrainConfig):
+        if "help" not in f.metadata:
+            continue
+        group = f.metadata["group"]
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        kind = str(f.type).split(" |")[0]
+        default = "" if f.default in (None, ()) else f" (default: {f.default})"
+        extra = {"nargs": "+"} if kind.startswith("tuple") else {"type": {"int": int, "float": float}.get(kind, str)}
+        groups[group].add_argument("--" + f.name.replace("_", "-"), default=None, help=f.metadata["help"] + default,
+                                   **extra, **f.metadata["flag"])
+
+
+def config_from_flags(args: argparse.Namespace) -> TrainConfig:
+    """The :class:`TrainConfig` of the flags of :func:`add_train_flags` in ``args`` (a flag not given: the default)."""
+    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
+    return TrainConfig(**given)

@@ -11,7 +11,9 @@ model card ``README.md`` (:mod:`zhie.core.card`).
 from __future__ import annotations
 
 import json
+import logging
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from zhie import tasks
@@ -25,9 +27,11 @@ from .checkpoint import claims_out
 from .config import TrainConfig
 from .loop import train
 from .rdrop import RDropLoss
-from .record import file_facts, finish, run_record, saver
+from .record import file_facts, finish, run_record, saver, write_run_config
 
 __all__ = ["fit"]
+
+logger = logging.getLogger(__name__)
 
 
 @claims_out
@@ -82,9 +86,15 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "data_stats.json", json.dumps(summary, ensure_ascii=False, indent=2))
+        write_run_config(out, {"task": cls.name, **data, **({"format": format} if cls.data_flags else {}),
+                               "encoder": str(encoder),
+                               "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
+                               "unshare_layers": unshare_layers, "out": str(out),
+                               "training": {k: v for k, v in asdict(config).items() if k != "find_unused_parameters"},
+                               cls.name: options})
         if progress:
-            print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
-                             ensure_ascii=False))
+            logger.info(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
+                                   ensure_ascii=False))
     result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
                    evaluate=evaluator, metric=t.metric, save_best=saver(t, record, evaluator),
                    lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,

@@ -50,6 +50,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator, PartialState
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs, set_seed
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -57,7 +58,7 @@ from tqdm.auto import tqdm
 from zhie.dist import all_gather_objects, broadcast_object, world_size
 from zhie.precision import accelerate_precision
 
-from .adversarial import embedding_weight, fgm_step, pgd_step
+from .adversarial import batch_gradient, embedding_weight, fgm_step, pgd_step
 from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, recover_dir, replace_dir, rng_state, set_rng_state
 from .config import BASE_WIDTH, TrainConfig
@@ -434,6 +435,9 @@ class _Session:
         run_name = job.output.checkpoint_path.parent.resolve().name  # the run directory's name ("demo")
         trackers = make_trackers(config.report_to, job.output.logging_dir, run_name, progress.step, progress.trackers)
         ddp = DistributedDataParallelKwargs(find_unused_parameters=config.find_unused_parameters)
+        # accelerate keeps one AcceleratorState (the precision) per process: each run starts its own; the launch's
+        # PartialState (process group, device) stays
+        AcceleratorState._reset_state(reset_partial_state=False)
         self.accelerator = Accelerator(mixed_precision=accelerate_precision(config.precision),
                                        step_scheduler_with_optimizer=False, cpu=processes.device.type == "cpu",
                                        kwargs_handlers=[ddp], log_with=trackers or None)
@@ -530,7 +534,8 @@ class _Session:
         start = time.perf_counter()
         for i, batch in enumerate(batches):
             batch = _to_device(batch, self.accelerator.device)
-            with nullcontext() if i == len(batches) - 1 else self.accelerator.no_sync(self.model):
+            synced = i == len(batches) - 1  # DDP all-reduces the gradients in the last batch's backward
+            with nullcontext() if synced else self.accelerator.no_sync(self.model):
                 grad_before = (self.adv_weight.grad.detach().clone()
                                if self.adv_weight is not None and self.adv_weight.grad is not None else None)
                 loss = self.model(batch)
@@ -538,7 +543,8 @@ class _Session:
                     raise ValueError(f"loss_fn must return a scalar tensor, got {loss!r:.80}")
                 self.accelerator.backward(loss / len(batches))
                 if self.adv_weight is not None:
-                    self.adversarial(batch, grad_before, 1.0 / len(batches))
+                    self.adversarial(batch, batch_gradient(self.adv_weight.grad, grad_before, synced),
+                                     1.0 / len(batches))
             self.window.add(loss, batch)
             self.step_window.add(loss, batch)
         # the norm is measured either way (clipping at infinity multiplies the gradients by exactly 1)
@@ -555,12 +561,10 @@ class _Session:
         self.window.seconds += seconds
         self.step_window.seconds += seconds
 
-    def adversarial(self, batch: dict, grad_before: Tensor | None, scale: float) -> None:
-        """FGM / PGD after the clean backward of ``batch`` (:mod:`zhie.training.adversarial`)."""
+    def adversarial(self, batch: dict, grad: Tensor | None, scale: float) -> None:
+        """FGM / PGD after the clean backward of ``batch``, from its embedding gradient ``grad``
+        (:mod:`zhie.training.adversarial`)."""
         config, weight, model = self.config, self.adv_weight, self.model
-        grad = weight.grad
-        if grad is not None and grad_before is not None:
-            grad = grad - grad_before  # this batch's own gradient under accumulation
 
         def backward(loss: Tensor) -> None:
             self.accelerator.backward(loss * scale)

@@ -12,8 +12,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from .config import TrainConfig
 
-__all__ = ["NO_DECAY", "Lamb", "build_optimizer", "build_param_groups", "build_scheduler", "encoder_depth",
-           "linear_warmup_decay"]
+__all__ = ["NO_DECAY", "Lamb", "build_optimizer", "build_param_groups", "build_scheduler", "encoder_depth"]
 
 # A parameter whose name contains one of these gets no weight decay (nor does any parameter of a module whose
 # class name contains "Norm": LayerNorm, RMSNorm, BatchNorm1d... even when it is named "encoder.2.weight").
@@ -133,18 +132,12 @@ def with_lr_multipliers(model: nn.Module, groups: list[dict], base_lr: float) ->
     return out
 
 
-def linear_warmup_decay(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Learning-rate factor at optimizer step ``step`` (0-based): linear 0 -> 1 over ``warmup_steps``, then
-    linear 1 -> 0 at ``total_steps`` (the formula of transformers' ``get_linear_schedule_with_warmup``)."""
-    if step < warmup_steps:
-        return step / warmup_steps
-    return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-
-
 def build_scheduler(optimizer: Optimizer, total_steps: int, warmup: float) -> LambdaLR:
-    """:class:`LambdaLR` with :func:`linear_warmup_decay`; ``warmup`` is a fraction of ``total_steps``."""
-    warmup_steps = int(warmup * total_steps)
-    return LambdaLR(optimizer, lambda step: linear_warmup_decay(step, warmup_steps, total_steps))
+    """transformers' linear schedule: the learning rate rises linearly from 0 over the first ``warmup`` fraction of
+    ``total_steps``, then falls linearly to 0 at ``total_steps``."""
+    from transformers import get_linear_schedule_with_warmup
+
+    return get_linear_schedule_with_warmup(optimizer, int(warmup * total_steps), total_steps)
 
 
 class Lamb(torch.optim.Optimizer):

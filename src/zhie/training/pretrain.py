@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -55,6 +55,8 @@ from zhie.training.checkpoint import claims_out
 __all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
            "TrainingStream", "add_command", "cmd_pretrain", "encode_lines", "iter_corpus", "pack", "pretrain",
            "scan_corpus"]
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -594,10 +596,10 @@ def _paths(corpus_paths) -> list[Path]:
 
 
 def _sayer(log: Callable[[str], None] | None, progress: bool) -> Callable[[str], None]:
-    """Where the human-readable lines go: ``log``, else standard error when ``progress`` (the main process's)."""
+    """Where the human-readable lines go: ``log``, else this module's logger when ``progress`` (the main process's)."""
     if log is not None:
         return log
-    return (lambda msg: print(f"zhie pretrain: {msg}", file=sys.stderr)) if progress else (lambda msg: None)
+    return (lambda msg: logger.info("zhie pretrain: %s", msg)) if progress else (lambda msg: None)
 
 
 def _on_cpu(device: str | None) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shlex
@@ -25,6 +26,8 @@ from zhie.core.files import atomic_write_text
 from zhie.tasks.base import META_FILE
 
 __all__ = ["file_facts", "finish", "machine", "now", "run_record", "saver"]
+
+logger = logging.getLogger(__name__)
 
 
 def now() -> str:
@@ -77,13 +80,33 @@ def run_record(files: dict[str, str], *, encoder: str, config, options: dict) ->
             "machine": machine()}
 
 
+RUN_CONFIG = "config.toml"
+
+
+def write_run_config(out: Path, settings: dict) -> None:
+    """``out/config.toml``: the resolved configuration of the run in ``out``, which ``zhie train --config`` takes
+    back (:func:`zhie.cli.expand_run_config`). TOML has no null: a setting that is None is left out, which gives it
+    its default (None) again; paths and tuples are written as strings and lists."""
+    import tomli_w
+
+    def plain(value):
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items() if v is not None}
+        if isinstance(value, (tuple, list)):
+            return [plain(v) for v in value]
+        return value if isinstance(value, (str, int, float, bool)) else str(value)
+
+    text = f"# the configuration of this run: `zhie train --config {out / RUN_CONFIG}` runs it again\n"
+    atomic_write_text(out / RUN_CONFIG, text + tomli_w.dumps(plain(settings)))
+
+
 def write_summary(path: Path, summary: dict, progress: bool) -> None:
-    """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and print
+    """Write a job's ``summary`` of its inputs (``distill.json``) as JSON into ``path`` (its directory made), and log
     it on one line when ``progress``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(summary, ensure_ascii=False, indent=2))
     if progress:
-        print(json.dumps(summary, ensure_ascii=False))
+        logger.info(json.dumps(summary, ensure_ascii=False))
 
 
 def saver(task, record: dict, evaluator=None) -> Callable:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,8 @@ from .loop import train
 from .record import file_facts, finish, run_record, saver, write_summary
 
 __all__ = ["DistillObjective", "distill_student", "student_layers"]
+
+logger = logging.getLogger(__name__)
 
 TARGETS = Path("teacher") / "targets.pt"
 STUDENTS = ("cut", "conv")
@@ -136,7 +139,7 @@ def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature
         for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
             targets[i] = target
         if progress and (k + 1) % 100 == 0:
-            print(f"teacher targets: {k + 1}/{len(batches)} batches", flush=True)
+            logger.info("teacher targets: %d/%d batches", k + 1, len(batches))
     return targets
 
 
