@@ -11,7 +11,10 @@ Endpoints (:func:`create_app`):
   ``GET /health/ready`` (ready: 200 while they are live and their queues have room, else 503), both with the reason,
   the workers' state and queue depth, the requests in flight, and never needing the key; ``GET /info`` (task, labels,
   encoder, zhie version, limits, batching), ``/docs``;
-* ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``).
+* ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``);
+* Label Studio's ML backend API under ``/label-studio`` (``GET /label-studio/health``, ``POST /label-studio/setup``,
+  ``POST /label-studio/predict``: :func:`_add_label_studio_routes`), so that a project's "Connect model" takes
+  ``http://HOST:PORT/label-studio``; with an API key, Label Studio's basic authentication carries it as the password.
 
 Request batching (:class:`Batcher`, settings :class:`Batching`): the texts of concurrent requests wait in a bounded
 queue; a worker takes the oldest requests, up to ``max_batch`` texts, once that many wait or the oldest has waited
