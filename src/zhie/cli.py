@@ -23,10 +23,10 @@ from pathlib import Path
 
 from zhie import tasks
 from zhie.core.files import atomic_write_text, check_file_target
-from zhie.data import FORMATS
+from zhie.data import FORMATS, label_studio
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
-from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int
+from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int, resolve_model_dir
 from zhie.version import __version__
 
 
@@ -178,7 +178,17 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     add_prediction_flags(pr)
     pr.add_argument("--output-format", default="zhie", choices=OUTPUT_FORMATS,
                     help="zhie: JSON lines {\"text\", OUTPUT_KEY}; doccano: doccano's JSON lines to import (NER: "
-                         "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"})")
+                         "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"}); label-studio: a "
+                         "JSON list of Label Studio tasks to import, one per input line, the predictions as "
+                         "pre-annotations (NER, word segmentation and relation models)")
+    ls = pr.add_argument_group("Label Studio output (--output-format label-studio): the names of the project's "
+                               "labelling config")
+    ls.add_argument("--ls-from-name", default=None, help="the <Labels> control's name (default: label)")
+    ls.add_argument("--ls-to-name", default=None, help="the <Text> object's name (default: text)")
+    ls.add_argument("--ls-data-key", default=None, help="the task field the <Text> shows, its $value (default: text)")
+    ls.add_argument("--ls-model-version", default=None,
+                    help="the predictions' model_version (default: zhie-TASK- and a hash of the model's zhie.json and "
+                         "training.json)")
     ray = pr.add_argument_group("Ray Data (the ray extra): --input PATH(S) of JSONL/text/Parquet, --output DIRECTORY")
     ray.add_argument("--ray", action="store_true", help="predict with one model per Ray worker; sharded JSONL out")
     ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
@@ -349,9 +359,18 @@ def cmd_predict(args) -> None:
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
                                   skip_bad_lines=args.skip_bad_lines, input_format=args.input_format)
         return
+    given = [flag for flag in ("ls_from_name", "ls_to_name", "ls_data_key", "ls_model_version")
+             if getattr(args, flag) is not None]
+    if given and args.output_format != "label-studio":
+        raise ValueError(f"--{given[0].replace('_', '-')} names the Label Studio output: add --output-format "
+                         "label-studio, or leave it out")
     if args.output:
         check_file_target(Path(args.output))
-    write_outputs(args, zhie.load(args.model, device=args.device, precision=args.precision))
+    pipe = zhie.load(args.model, device=args.device, precision=args.precision)
+    if args.output_format == "label-studio" and pipe.task.output_key not in label_studio.OUTPUT_KEYS:
+        raise ValueError(f"{args.model} is a {pipe.task.name} model, whose predictions have no Label Studio form: "
+                         "--output-format label-studio is for NER, word segmentation and relation models")
+    write_outputs(args, pipe)
 
 
 def cmd_task_command(args) -> None:
@@ -384,6 +403,8 @@ def write_outputs(args, pipe, command=None) -> None:
         shape = stream.write_npy(args.output, rows, args.chunk_lines)
         print(f"{args.output}: {' x '.join(map(str, shape))} float32; {stream.mask_path(args.output)}: which rows "
               f"hold a text's vector (the others, of blank or skipped lines, are zeros)", file=sys.stderr)
+    elif getattr(args, "output_format", "zhie") == "label-studio":  # a JSON list, not lines: Label Studio imports that
+        stream.write_lines(args.output, label_studio_lines(args, pipe.task, results), args.chunk_lines)
     else:
         plain = command.plain if command is not None and command.plain is not None and not args.json else None
         record = output_record(pipe.task, getattr(args, "output_format", "zhie"))
@@ -397,12 +418,13 @@ def write_outputs(args, pipe, command=None) -> None:
 JSON_LINE = json.JSONEncoder(ensure_ascii=False)
 
 
-OUTPUT_FORMATS = ("zhie", "doccano")  # zhie predict --output-format
+OUTPUT_FORMATS = ("zhie", "doccano", "label-studio")  # zhie predict --output-format
 
 
 def output_record(task, output_format: str):
     """``record(text, prediction) -> dict``, the JSON object of one output line of ``zhie predict --output-format``
-    (:data:`OUTPUT_FORMATS`), or None for zhie's own ``{"text", OUTPUT_KEY}``."""
+    (:data:`OUTPUT_FORMATS`), or None for zhie's own ``{"text", OUTPUT_KEY}``; ``label-studio``, a JSON list rather than
+    lines, is :func:`label_studio_lines`'."""
     if output_format == "zhie":
         return None
     if output_format == "doccano":
@@ -425,6 +447,27 @@ def output_line(task, line: stream.Line, prediction, plain=None, record=None) ->
     if record is not None:
         return JSON_LINE.encode(record(line.text, prediction))
     return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
+
+
+def label_studio_lines(args, task, results) -> Iterator[str]:
+    """``zhie predict --output-format label-studio``: a JSON list of Label Studio tasks, one a line and one per input
+    line (the first line opens the list, one more closes it): the text and its prediction as a pre-annotation
+    (:func:`zhie.data.label_studio.prediction_task`), or for a bad line skipped with ``--skip-bad-lines`` an empty
+    text and in ``meta`` the file, line and error."""
+    names = {"from_name": args.ls_from_name, "to_name": args.ls_to_name, "data_key": args.ls_data_key}
+    config = label_studio.LabelConfig(**{k: v for k, v in names.items() if v is not None})
+    version = args.ls_model_version or label_studio.model_version(resolve_model_dir(args.model), task.name)
+    opening = "["
+    for line, prediction in results:
+        if line.error is not None:
+            item = {"data": {config.data_key: ""},
+                    "meta": {"file": line.path, "line": line.number, "error": line.error}}
+        else:
+            result = label_studio.prediction_result(task.output_key, task.to_json(prediction), config)
+            item = label_studio.prediction_task(line.text, result, version, config)
+        yield opening + JSON_LINE.encode(item)
+        opening = ","
+    yield "]" if opening == "," else "[]"
 
 
 def cmd_demo(args) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 PathLike = str | os.PathLike
 
@@ -53,6 +55,50 @@ def json_line(path: PathLike, lineno: int, line: str) -> dict:
     if not isinstance(record, dict):
         raise DataError(path, lineno, f"expected a JSON object, got {type(record).__name__}")
     return record
+
+
+def iter_json_list(path: PathLike) -> Iterator[tuple[int, object]]:
+    """``(line where it starts, element)`` of each element of the JSON list in the file ``path``, decoded one at a
+    time; a file that is not a JSON list, or bad JSON, raises :class:`DataError` at its line."""
+    raw = Path(path).read_bytes()
+    try:
+        s = raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        raise DataError(path, raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from None
+    decoder, ws = json.JSONDecoder(), re.compile(r"\s*")
+
+    def line_at(pos: int) -> int:
+        return s.count("\n", 0, pos) + 1
+
+    pos = ws.match(s).end()
+    if pos == len(s):
+        raise DataError(path, 1, "empty file: no records")
+    if s[pos] != "[":
+        raise DataError(path, line_at(pos), "expected a JSON list of records ('[' ...)")
+    pos = ws.match(s, pos + 1).end()
+    lineno, counted = 1, 0  # newlines counted incrementally: line_at() per record would be quadratic
+    if s.startswith("]", pos):
+        pos += 1
+    else:
+        while True:
+            lineno += s.count("\n", counted, pos)
+            counted = pos
+            try:
+                record, pos = decoder.raw_decode(s, pos)
+            except json.JSONDecodeError as e:
+                raise DataError(path, e.lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+            yield lineno, record
+            pos = ws.match(s, pos).end()
+            if s.startswith(",", pos):
+                pos = ws.match(s, pos + 1).end()
+            elif s.startswith("]", pos):
+                pos += 1
+                break
+            else:
+                raise DataError(path, line_at(pos), "malformed JSON: expected ',' or ']' after a record")
+    pos = ws.match(s, pos).end()
+    if pos != len(s):
+        raise DataError(path, line_at(pos), "malformed JSON: extra data after the list")
 
 
 TEXT_FORMATS = ("auto", "text", "jsonl")  # --input-format: how a file of texts is read

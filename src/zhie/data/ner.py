@@ -33,15 +33,17 @@ from pathlib import Path
 
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span, tags_to_spans
-from zhie.data.base import DataError, PathLike, iter_lines, json_line
+from zhie.data.base import DataError, PathLike, iter_json_list, iter_lines, json_line
 
 
 @dataclass
 class NerExample:
-    """A text and its entity spans, sorted by (start, end, label), with exclusive ends."""
+    """A text and its entity spans, sorted by (start, end, label), with exclusive ends; ``source``, where a reader
+    says where the example is (``file:line: task 3``), for errors about it."""
 
     text: str
     spans: list[Span] = field(default_factory=list)
+    source: str | None = field(default=None, compare=False, repr=False)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -252,50 +254,7 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
 
 def read_cmeee(path: PathLike) -> list[NerExample]:
     """Read a CMeEE JSON list; errors name the line where the offending record starts."""
-    raw = Path(path).read_bytes()
-    try:
-        s = raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        raise DataError(path, raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from None
-    decoder = json.JSONDecoder()
-    ws = re.compile(r"\s*")
-
-    def fail_json(e: json.JSONDecodeError) -> DataError:
-        return DataError(path, e.lineno, f"malformed JSON: {e.msg} (column {e.colno})")
-
-    def line_at(pos: int) -> int:
-        return s.count("\n", 0, pos) + 1
-
-    pos = ws.match(s).end()
-    if pos == len(s):
-        raise DataError(path, 1, "empty file: no records")
-    if s[pos] != "[":
-        raise DataError(path, line_at(pos), "expected a JSON list of records ('[' ...)")
-    pos = ws.match(s, pos + 1).end()
-    out: list[NerExample] = []
-    lineno, counted = 1, 0  # count newlines incrementally: line_at() per record would be quadratic
-    if s.startswith("]", pos):
-        pos += 1
-    else:
-        while True:
-            lineno += s.count("\n", counted, pos)
-            counted = pos
-            try:
-                record, pos = decoder.raw_decode(s, pos)
-            except json.JSONDecodeError as e:
-                raise fail_json(e) from None
-            out.append(_cmeee_record(path, lineno, len(out), record))
-            pos = ws.match(s, pos).end()
-            if s.startswith(",", pos):
-                pos = ws.match(s, pos + 1).end()
-            elif s.startswith("]", pos):
-                pos += 1
-                break
-            else:
-                raise DataError(path, line_at(pos), "malformed JSON: expected ',' or ']' after a record")
-    pos = ws.match(s, pos).end()
-    if pos != len(s):
-        raise DataError(path, line_at(pos), "malformed JSON: extra data after the list")
+    out = [_cmeee_record(path, lineno, i, record) for i, (lineno, record) in enumerate(iter_json_list(path))]
     if not out:
         raise DataError(path, 1, "empty list: no records")
     return out
@@ -357,7 +316,7 @@ def write_ner_jsonl(examples: Iterable[NerExample], path: PathLike) -> None:
 # Dispatch
 # ----------------------------------------------------------------------------------------------------
 
-FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "doccano")
+FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "doccano", "label-studio")
 
 
 def detect_format(path: PathLike) -> str:
@@ -372,7 +331,9 @@ def detect_format(path: PathLike) -> str:
         if first is None:
             first = stripped[0]
             if first == "[":
-                return "cmeee"
+                from zhie.data import label_studio
+
+                return label_studio.FORMAT if label_studio.is_export(path) else "cmeee"
             if first != "{":
                 return "conll"
         record = json_line(path, lineno, stripped)
@@ -392,9 +353,10 @@ def detect_format(path: PathLike) -> str:
 def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = False) -> list[NerExample]:
     """Read a NER file in any supported format; ``format="auto"`` detects it from the content.
 
-    Detection: a JSON list -> "cmeee"; JSON lines whose first labelled record is doccano's (a list under "label",
-    "relations", or entities with "start_offset": :func:`zhie.data.doccano.is_doccano`) -> "doccano", has "label" ->
-    "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
+    Detection: a JSON list of Label Studio tasks (objects with "data" and "annotations") -> "label-studio"
+    (:mod:`zhie.data.label_studio`), any other JSON list -> "cmeee"; JSON lines whose first labelled record is
+    doccano's (a list under "label", "relations", or entities with "start_offset": :func:`zhie.data.doccano.is_doccano`)
+    -> "doccano", has "label" -> "cluener", or "entities"/"spans" -> "jsonl" (texts only -> "cluener", giving no spans);
     anything else -> "conll". ``strip_lang_prefix`` applies to "conll" only.
     """
     if format == "auto":
@@ -415,4 +377,8 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
         from zhie.data.doccano import read_doccano
 
         return read_doccano(path)
+    if format == "label-studio":
+        from zhie.data import label_studio
+
+        return label_studio.read_entities(path)
     raise ValueError(f"unknown NER format {format!r}; expected 'auto' or one of {FORMATS}")

@@ -11,7 +11,10 @@ Endpoints (:func:`create_app`):
   ``GET /health/ready`` (ready: 200 while they are live and their queues have room, else 503), both with the reason,
   the workers' state and queue depth, the requests in flight, and never needing the key; ``GET /info`` (task, labels,
   encoder, zhie version, limits, batching), ``/docs``;
-* ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``).
+* ``GET /`` and its two files: the entity-highlighting page (``zhie/deploy/resources``);
+* Label Studio's ML backend API under ``/label-studio`` (``GET /label-studio/health``, ``POST /label-studio/setup``,
+  ``POST /label-studio/predict``: :func:`_add_label_studio_routes`), so that a project's "Connect model" takes
+  ``http://HOST:PORT/label-studio``; with an API key, Label Studio's basic authentication carries it as the password.
 
 Request batching (:class:`Batcher`, settings :class:`Batching`): the texts of concurrent requests wait in a bounded
 queue; a worker takes the oldest requests, up to ``max_batch`` texts, once that many wait or the oldest has waited
@@ -39,8 +42,11 @@ a file: the page's files are read once, when the app is created.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import copy
+import functools
 import logging
 import os
 import secrets
@@ -57,8 +63,9 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from zhie.data import label_studio
 from zhie.version import __version__
 
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
@@ -67,6 +74,7 @@ PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("pag
 API_KEY_ENV = "ZHIE_API_KEY"
 MIN_FILL = 0.8  # a forward pass of the service is at least this much text, at most this much padding (length_groups)
 RETRY_AFTER_S = 1
+LABEL_STUDIO = "/label-studio"  # the prefix of Label Studio's ML backend routes
 logger = logging.getLogger(__name__)
 
 
@@ -119,6 +127,22 @@ class Pairs(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     a: list[str]
     b: list[str]
+
+
+class LabelStudioTasks(BaseModel):
+    """Label Studio's ``POST /predict`` to an ML backend: its tasks, the project's labelling config, and more that
+    zhie does not read (``project``, ``params``)."""
+
+    model_config = ConfigDict(extra="allow")
+    tasks: list[dict]
+    label_config: str | None = None
+
+
+class LabelStudioSetup(BaseModel):
+    """Label Studio's ``POST /setup``: the labelling config (``schema``), and more that zhie does not read."""
+
+    model_config = ConfigDict(extra="allow")
+    schema_: str | None = Field(default=None, alias="schema")
 
 
 class QueueFull(Exception):
@@ -403,10 +427,10 @@ class Gate:
             return
         headers = dict(scope["headers"])
         if self.api_key is not None:
-            scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not secrets.compare_digest(given.strip(), self.api_key.encode()):
+            if not secrets.compare_digest(given_key(headers.get(b"authorization", b"")), self.api_key.encode()):
                 await _refuse(scope, receive, send, 401, "missing or wrong API key: send the header "
-                              "'Authorization: Bearer KEY'", {"WWW-Authenticate": "Bearer"})
+                              "'Authorization: Bearer KEY' (or Basic authentication with KEY as the password)",
+                              {"WWW-Authenticate": "Bearer"})
                 return
         limit = self.service.limits.max_in_flight
         if self.service.in_flight >= limit:
@@ -447,6 +471,20 @@ class Gate:
         await self.app(scope, replay, send)
 
 
+def given_key(authorization: bytes) -> bytes:
+    """The API key an ``Authorization`` header gives: ``Bearer KEY``, or ``Basic`` with KEY as the password (any user
+    name: how Label Studio authenticates to an ML backend); b"" for anything else."""
+    scheme, _, value = authorization.partition(b" ")
+    if scheme.lower() == b"bearer":
+        return value.strip()
+    if scheme.lower() == b"basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except binascii.Error:
+            return b""
+    return b""
+
+
 async def _refuse(scope, receive, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
     """Answer ``status`` with ``detail`` and close the connection: the body, if any, is left unread."""
     await JSONResponse({"detail": detail}, status_code=status,
@@ -457,7 +495,7 @@ class Service:
     """What the routes do for one pipeline: check the limits, run texts through the batchers, shape the answers.
     ``batchers`` maps ``"predict"`` and ``"embed"`` to the :class:`Batcher` of each (one model thread for both)."""
 
-    def __init__(self, pipe, batching: Batching, limits: Limits) -> None:
+    def __init__(self, pipe, batching: Batching, limits: Limits, model_version: str | None = None) -> None:
         per = 2 if hasattr(pipe, "encode") else 1  # /similarity embeds both texts of its pairs in one request
         if batching.max_queue < per * limits.max_texts:
             what = "/similarity request (two texts a pair)" if per == 2 else "request"
@@ -466,6 +504,7 @@ class Service:
                              f"{per * limits.max_texts} texts, and would be answered 503 forever; give --max-queue "
                              f"{per * limits.max_texts} or more, or --max-texts {batching.max_queue // per} or fewer")
         self.pipe, self.task, self.batching, self.limits = pipe, pipe.task, batching, limits
+        self.model_version = model_version or f"zhie-{pipe.task.name}"
         self.in_flight = 0  # requests let through by the Gate and not answered yet
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhie-model")
         self.batchers = {name: Batcher(fn, executor, batching.max_batch, batching.max_wait_ms, batching.max_queue,
@@ -568,6 +607,40 @@ class Service:
         return JSONResponse([{"a": a, "b": b, "similarity": round(float(np.dot(u, v)), 6)}
                              for a, b, u, v in zip(body.a, body.b, vectors[:n], vectors[n:])])
 
+    def needs_spans(self) -> None:
+        if self.task.output_key not in label_studio.OUTPUT_KEYS:
+            raise HTTPException(404, f"this {self.task.name} model has no Label Studio predictions: the ML backend "
+                                     "routes serve NER, word segmentation and relation models")
+
+    async def label_studio_setup(self, body: LabelStudioSetup) -> dict:
+        """Label Studio's ``/setup``: check the model and the labelling config, answer the model's version."""
+        self.needs_spans()
+        labelling_config(body.schema_)
+        return {"model_version": self.model_version}
+
+    async def label_studio_predict(self, body: LabelStudioTasks) -> dict:
+        """Label Studio's ``/predict``: one prediction per task, in order, named as the labelling config names its
+        ``<Labels>`` and ``<Text>``. Label Studio sends every task it asks about in one request, so the texts run
+        through the batcher ``max_texts`` at a time."""
+        self.needs_spans()
+        config = labelling_config(body.label_config)
+        texts = []
+        for i, task in enumerate(body.tasks):
+            text = task.get("data", {}).get(config.data_key) if isinstance(task.get("data"), dict) else None
+            if not isinstance(text, str):
+                raise HTTPException(422, f"tasks[{i}] (id {task.get('id')}) has no string data.{config.data_key}, "
+                                         f"the field the labelling config's <Text name={config.to_name!r}> shows")
+            texts.append(text)
+        step = self.limits.max_texts
+        predictions = []
+        for start in range(0, len(texts), step):
+            piece = texts[start:start + step]
+            self.check(piece, "tasks")
+            predictions += await self.run("predict", piece)
+        results = [label_studio.prediction(label_studio.prediction_result(self.task.output_key, p, config),
+                                           self.model_version) for p in predictions]
+        return {"results": results, "model_version": self.model_version}
+
     def health(self) -> tuple[dict, bool, bool]:
         """``/health``'s answer, whether every worker runs and the model thread is not stuck (live), and whether each
         worker also has room (ready); ``reason`` says why not."""
@@ -583,6 +656,29 @@ class Service:
         return {"status": status, "live": live, "ready": ready, "reason": stopped or stuck or full,
                 "requests_in_flight": self.in_flight, "max_in_flight": self.limits.max_in_flight,
                 "workers": workers}, live, ready
+
+
+@functools.lru_cache(maxsize=16)
+def labelling_config(xml: str | None) -> label_studio.LabelConfig:
+    """The names a project's labelling config gives zhie's results (the defaults without one); 422 if it has none."""
+    try:
+        return label_studio.LabelConfig() if xml is None else label_studio.LabelConfig.parse(xml)
+    except ValueError as err:
+        raise HTTPException(422, str(err)) from None
+
+
+def _add_label_studio_routes(app: FastAPI, service: Service) -> None:
+    """Label Studio's ML backend protocol under :data:`LABEL_STUDIO` (its URL in a project: ``http://HOST:PORT/label-
+    studio``): ``GET /health``, ``POST /setup``, ``POST /predict``."""
+    @app.get(f"{LABEL_STUDIO}/health")
+    async def label_studio_health() -> JSONResponse:
+        body, live, _ = service.health()
+        return JSONResponse({"status": "UP" if live else "DOWN", "model_class": f"zhie {service.task.name}",
+                             "model_version": service.model_version, "reason": body["reason"]},
+                            status_code=200 if live else 503)
+
+    app.post(f"{LABEL_STUDIO}/setup")(service.label_studio_setup)
+    app.post(f"{LABEL_STUDIO}/predict")(service.label_studio_predict)
 
 
 def _add_api_routes(app: FastAPI, service: Service, info: dict) -> None:
@@ -617,20 +713,23 @@ def _add_page_routes(app: FastAPI) -> None:
 
 
 def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, model_version: str | None = None) -> FastAPI:
     """The FastAPI app serving ``pipe`` (what :func:`zhie.load` returns). The batchers run while the app's lifespan
-    does (uvicorn, or ``with TestClient(app)``); ``app.state.batchers`` maps ``"predict"`` and ``"embed"`` to them."""
+    does (uvicorn, or ``with TestClient(app)``); ``app.state.batchers`` maps ``"predict"`` and ``"embed"`` to them.
+    ``model_version``: the model's version in Label Studio (:func:`zhie.data.label_studio.model_version`; default
+    ``zhie-TASK``)."""
     batching, limits = batching or Batching(), limits or Limits()
-    service = Service(pipe, batching, limits)
+    service = Service(pipe, batching, limits, model_version)
     info = {**describe(pipe), "limits": asdict(limits) | {"max_body_bytes": limits.body_bytes},
             "batching": asdict(batching)}
     app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
                   description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
     app.state.batchers = service.batchers
-    open_paths = {"/health", "/health/ready", *PAGE_FILES, app.docs_url, app.redoc_url, app.openapi_url,
-                  app.swagger_ui_oauth2_redirect_url}
+    open_paths = {"/health", "/health/ready", f"{LABEL_STUDIO}/health", *PAGE_FILES, app.docs_url, app.redoc_url,
+                  app.openapi_url, app.swagger_ui_oauth2_redirect_url}
     app.add_middleware(Gate, service=service, api_key=api_key, open_paths=frozenset(open_paths - {None}))
     _add_api_routes(app, service, info)
+    _add_label_studio_routes(app, service)
     _add_page_routes(app)
     return app
 
@@ -660,12 +759,14 @@ def serve(model_dir: str, *, host: str = "127.0.0.1", port: int = 8000, batching
     import uvicorn
 
     from zhie.deploy.pipeline import load
+    from zhie.tasks.base import resolve_model_dir
 
     pipe = load(model_dir, device=device, precision=precision)
+    version = label_studio.model_version(resolve_model_dir(model_dir), pipe.task.name)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"zhie serve: listening on {host} without an API key: anyone who can reach it can use the model",
               file=sys.stderr)
-    app = create_app(pipe, batching=batching, limits=limits, api_key=api_key)
+    app = create_app(pipe, batching=batching, limits=limits, api_key=api_key, model_version=version)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # zhie's records (a 500's traceback) with uvicorn's
     log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
     uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from zhie.core.metrics import segmentation_prf
 from zhie.core.spans import Span
-from zhie.data import NerExample
+from zhie.data import NerExample, label_studio
 from zhie.data.cws import read_segmented
 from zhie.tasks import register
 from zhie.tasks.base import (
@@ -100,7 +100,10 @@ class CwsTask(NerTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
-        only_auto_format(format, "segmented text (words separated by spaces)")
+        if label_studio.asked(path, format):
+            return label_studio.read_words(path)
+        only_auto_format(format, "segmented text (words separated by spaces) or a Label Studio export "
+                                 "(--format label-studio)")
         return read_segmented(path)
 
     @classmethod

@@ -321,9 +321,20 @@ def flatten_outermost(spans: list[Span]) -> list[Span]:
     return kept
 
 
-def is_nested(spans: list[Span]) -> bool:
+def overlapping(spans: list[Span]) -> tuple[Span, Span] | None:
+    """Two spans of ``spans`` that nest or overlap (the first such pair in start order), or None for flat spans."""
     ordered = sorted(spans, key=lambda s: (s.start, s.end))
-    return any(b.start < a.end for a, b in zip(ordered, ordered[1:]))
+    return next(((a, b) for a, b in zip(ordered, ordered[1:]) if b.start < a.end), None)
+
+
+def is_nested(spans: list[Span]) -> bool:
+    return overlapping(spans) is not None
+
+
+def overlap(spans: list[Span]) -> str:
+    """What :func:`overlapping` finds, in words: ``'青山市大学' [0, 5) ORG and '青山市' [0, 3) LOC overlap``."""
+    pair = overlapping(spans)
+    return "" if pair is None else " and ".join(f"{s.text!r} [{s.start}, {s.end}) {s.label}" for s in pair) + " overlap"
 
 
 @register
@@ -387,11 +398,12 @@ class NerTask(WindowedTask):
         if not nested:
             return examples
         if not self.config.flatten:
+            first = examples[min(nested)]
+            where = f"#{min(nested) + 1}, {first.text[:40]!r}" if first.source is None else first.source
             raise ValueError(
                 f"the training data has nested or overlapping entities in {len(nested)} example(s) (first: "
-                f"#{min(nested) + 1}, {examples[min(nested)].text[:40]!r}); the {self.config.head} head tags each "
-                "character once and cannot represent them. Use --head gp or --head egp, or --flatten to keep the "
-                "outermost spans.")
+                f"{where}: {overlap(first.spans)}); the {self.config.head} head tags each character once and cannot "
+                "represent them. Use --head gp or --head egp, or --flatten to keep the outermost spans.")
         self.stats["flattened_examples"] = len(nested)
         return [NerExample(ex.text, flatten_outermost(ex.spans)) if i in nested else ex
                 for i, ex in enumerate(examples)]

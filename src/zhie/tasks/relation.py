@@ -30,7 +30,7 @@ from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
 from zhie.core.spans import Span
 from zhie.core.text import windows
-from zhie.data import detect_format
+from zhie.data import detect_format, label_studio
 from zhie.data.doccano import read_doccano_relations
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
@@ -115,10 +115,15 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
-        """CMeIE/DuIE JSON lines, or doccano's relation export (``--format doccano``, or detected)."""
-        if format == "doccano" or (format == "auto" and detect_format(path) == "doccano"):
+        """CMeIE/DuIE JSON lines, doccano's relation export (``--format doccano``) or a Label Studio export
+        (``--format label-studio``), the last two also detected."""
+        detected = detect_format(path) if format == "auto" else format
+        if detected == "doccano":
             return read_doccano_relations(path)
-        only_auto_format(format, "triples (CMeIE/DuIE JSON lines, or doccano's relation export: --format doccano)")
+        if detected == "label-studio":
+            return label_studio.read_triples(path)
+        only_auto_format(format, "triples (CMeIE/DuIE JSON lines, doccano's relation export: --format doccano, or a "
+                                 "Label Studio export: --format label-studio)")
         return read_spo(path)
 
     @classmethod

@@ -1,0 +1,332 @@
+"""zhie and a real Label Studio server, round trip: pre-annotations in, annotations out, a model trained from them.
+
+    python benchmarks/label_studio.py            # ~3 min with Label Studio installed; its install, once: 2-5 min more
+
+1. Label Studio 1.20.0 and its SDK go into a venv of their own (``--venv``, default
+   ``~/.cache/zhie/label-studio-1.20.0``), installed once and reused.
+2. A tiny NER model (``zhie train ner --encoder tiny --head egp``) on made-up sentences with nested entities.
+3. ``zhie predict --output-format label-studio`` writes tasks C, with its predictions as pre-annotations.
+4. The server starts on 127.0.0.1 with a temporary data dir (``LABEL_STUDIO_BASE_DATA_DIR``) and a user and legacy
+   API token set by ``LABEL_STUDIO_USERNAME``, ``LABEL_STUDIO_PASSWORD``, ``LABEL_STUDIO_USER_TOKEN`` and
+   ``LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN``; ``zhie serve MODEL`` starts beside it.
+5. With the SDK (this file run by the Label Studio venv's Python, ``--sdk PLAN``): a project with a NER labelling
+   config; tasks A imported with gold annotations (nested spans), B as texts, C as zhie predict wrote them; zhie serve
+   connected as the ML backend (``http://127.0.0.1:PORT/label-studio``); predictions retrieved for B; half of B's
+   predictions turned into annotations (what an annotator who accepts them does); the project exported as JSON.
+6. Headless Chromium (playwright, Debian's chromium) logs in through the login form, opens a B task that kept only
+   its prediction, reads the highlighted regions and takes a screenshot (``results/label_studio_page.png``).
+7. Checks: the export read by zhie gives A's gold spans and the accepted B spans unchanged (offsets, labels, texts);
+   the predictions Label Studio stored for B and C are what zhie predicts; the page highlights the predicted texts.
+   Then ``zhie train ner --train EXPORT --dev EXPORT --format auto --encoder tiny --epochs 1`` trains from the export.
+
+A JSON line goes to ``results/label_studio.jsonl`` (``--no-results``: printed only, the screenshot in ``--work``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import date
+from pathlib import Path
+
+LABEL_STUDIO = "1.20.0"
+VENV = Path(os.environ.get("ZHIE_LABEL_STUDIO_VENV")
+            or Path.home() / ".cache" / "zhie" / f"label-studio-{LABEL_STUDIO}")
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = """<View>
+  <Labels name="label" toName="text">
+    <Label value="PER" background="#f4a582"/><Label value="LOC" background="#92c5de"/>
+    <Label value="ORG" background="#a6dba0"/>
+  </Labels>
+  <Text name="text" value="$text"/>
+</View>"""
+USER, PASSWORD = "zhie@example.com", "zhie-label-studio"
+EMOJI_TEXT = "😀王伟在青山市大学工作。"  # a character outside the BMP: offsets must count code points
+
+
+# ---------------------------------------------------------------------------------------------------- processes
+def install(venv: Path) -> float:
+    """Label Studio and its SDK in ``venv``, once (a marker file says it is done); the seconds it took."""
+    marker = venv / "zhie-installed.txt"
+    if marker.exists():
+        return 0.0
+    start = time.perf_counter()
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check",
+                    f"label-studio=={LABEL_STUDIO}", "label-studio-sdk"], check=True)
+    versions = subprocess.run([str(venv / "bin" / "pip"), "freeze"], check=True, capture_output=True, text=True).stdout
+    marker.write_text(versions, encoding="utf-8")
+    return time.perf_counter() - start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen, seconds: float, log: Path) -> float:
+    """Poll ``url`` until it answers 200 (the seconds it took); fail if ``process`` ends or time runs out."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[:3]} ended with {process.returncode}; its log: {log}\n"
+                               f"{log.read_text(errors='replace')[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if answer.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{url} did not answer within {seconds:.0f} s; the log: {log}")
+
+
+def zhie_cli(*args: str) -> str:
+    """``zhie ARGS`` run with this worktree's code; its stdout (its stderr in the error if it fails)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run([sys.executable, "-m", "zhie", *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"zhie {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- the SDK side
+def sdk(plan_file: str) -> None:
+    """Run by the Label Studio venv's Python: the project, imports, the ML backend, predictions, the export."""
+    from label_studio_sdk.client import LabelStudio
+
+    plan = json.loads(Path(plan_file).read_text(encoding="utf-8"))
+    ls = LabelStudio(base_url=plan["url"], api_key=plan["token"])
+    project = ls.projects.create(title="zhie round trip", label_config=plan["config"])
+    ids = {name: ls.projects.import_tasks(id=project.id, request=plan[name], return_task_ids=True).task_ids
+           for name in ("gold", "texts", "predicted")}
+    backend = ls.ml.create(url=plan["backend"], project=project.id, title="zhie", is_interactive=False)
+    if backend.state != "CO":
+        raise RuntimeError(f"the ML backend is not connected: {backend.state} {backend.error_message}")
+    ls.actions.create(id="retrieve_tasks_predictions", project=project.id,
+                      selected_items={"all": False, "included": ids["texts"]})
+    stored = {t.id: t.predictions for t in ls.tasks.list(project=project.id, fields="all")}
+    accepted = ids["texts"][: len(ids["texts"]) // 2]
+    ls.actions.create(id="predictions_to_annotations", project=project.id,
+                      selected_items={"all": False, "included": accepted})
+    export = ls.projects.exports.as_json(project.id)
+    Path(plan["export"]).write_text(json.dumps(export, ensure_ascii=False, indent=2), encoding="utf-8")
+    predictions = {name: [[{"model_version": p["model_version"], "score": p.get("score"), "result": p["result"]}
+                           for p in stored[i]] for i in ids[name]] for name in ("texts", "predicted")}
+    print(json.dumps({"project": project.id, "ids": ids, "accepted": accepted, "predictions": predictions,
+                      "backend": {"state": backend.state, "model_version": backend.model_version}}, ensure_ascii=False))
+
+
+# ---------------------------------------------------------------------------------------------------- the page
+def screenshot(url: str, project: int, task: int, out: Path) -> list[str]:
+    """Log in, open ``task``'s labelling page, screenshot it to ``out``; the texts of its highlighted regions."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        raise RuntimeError("Debian's chromium is not installed (apt-get install -y chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 640})
+        page.goto(f"{url}/user/login/", timeout=120_000)
+        page.fill("input[name=email]", USER)
+        page.fill("input[name=password]", PASSWORD)
+        page.click("button[type=submit]")
+        page.wait_for_load_state("networkidle", timeout=120_000)
+        page.goto(f"{url}/projects/{project}/data?task={task}", timeout=120_000)
+        page.wait_for_selector("span.htx-highlight", timeout=120_000)
+        page.wait_for_load_state("networkidle", timeout=120_000)
+        highlighted = [el.inner_text() for el in page.query_selector_all("span.htx-highlight")]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out))
+        browser.close()
+    return highlighted
+
+
+# ---------------------------------------------------------------------------------------------------- the run
+def regions(result: list[dict]) -> list[tuple]:
+    """The labelled regions of a Label Studio result: (start, end, label, text), sorted."""
+    return sorted((r["value"]["start"], r["value"]["end"], r["value"]["labels"][0], r["value"]["text"])
+                  for r in result if r["type"] == "labels")
+
+
+def spans(spans) -> list[tuple]:
+    return sorted((s.start, s.end, s.label, s.text) for s in spans)
+
+
+def scores(result: list[dict]) -> list[float]:
+    return [r["score"] for r in sorted(result, key=lambda r: (r["value"]["start"], r["value"]["end"]))]
+
+
+def unchanged(pairs) -> tuple[int, int]:
+    """(spans, spans of the pairs whose two sides are equal) over ``(expected, got)`` pairs of span lists."""
+    pairs = list(pairs)
+    return sum(len(a) for a, _ in pairs), sum(len(a) for a, b in pairs if a == b)
+
+
+def run(work: Path, venv: Path, screenshot_path: Path) -> dict:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "src"))
+    from common import machine
+
+    import zhie
+    from tests.tiny_models import nested_corpus
+    from zhie.data import NerExample, read_ner, write_ner_jsonl
+    from zhie.data.ner import detect_format
+
+    seconds = {"install": round(install(venv), 1)}
+    start = time.perf_counter()
+    write_ner_jsonl(nested_corpus(160, seed=1), work / "train.jsonl")
+    write_ner_jsonl(nested_corpus(30, seed=2), work / "dev.jsonl")
+    zhie_cli("train", "ner", "--train", str(work / "train.jsonl"), "--dev", str(work / "dev.jsonl"),
+             "--encoder", "tiny", "--head", "egp", "--epochs", "6", "--lr", "2e-3", "--head-lr", "2e-3",
+             "--max-length", "64", "--out", str(work / "model"), "--quiet")
+    model = work / "model" / "best"
+    seconds["train_model"] = round(time.perf_counter() - start, 1)
+
+    gold = [NerExample(ex.text, sorted(ex.spans)) for ex in nested_corpus(8, seed=7)]
+    texts = [ex.text for ex in nested_corpus(6, seed=8)] + [EMOJI_TEXT]  # B: the emoji text is the page's
+    (work / "c.txt").write_text("\n".join(ex.text for ex in nested_corpus(5, seed=9)) + "\n", encoding="utf-8")
+    zhie_cli("predict", str(model), "--input", str(work / "c.txt"), "--output-format", "label-studio",
+             "--output", str(work / "predicted.json"))
+    predicted_file = json.loads((work / "predicted.json").read_text(encoding="utf-8"))
+
+    token, port, backend_port = secrets.token_hex(16), free_port(), free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(work / "label-studio-data"), "LABEL_STUDIO_USERNAME": USER,
+           "LABEL_STUDIO_PASSWORD": PASSWORD, "LABEL_STUDIO_USER_TOKEN": token,
+           "LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN": "true", "LABEL_STUDIO_DISABLE_SIGNUP_WITHOUT_LINK": "true",
+           "COLLECT_ANALYTICS": "false"}
+    processes = []
+    try:
+        log = work / "label-studio.log"
+        with open(log, "wb") as f:
+            processes.append(subprocess.Popen(
+                [str(venv / "bin" / "label-studio"), "start", "--no-browser", "--internal-host", "127.0.0.1", "--port",
+                 str(port)], env=env, stdout=f, stderr=subprocess.STDOUT, cwd=work))
+        serve_log = work / "serve.log"
+        with open(serve_log, "wb") as f:
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "zhie", "serve", str(model), "--port", str(backend_port)], stdout=f,
+                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}))
+        seconds["label_studio_start"] = round(wait_for(f"{url}/health", processes[0], 600, log), 1)
+        wait_for(f"http://127.0.0.1:{backend_port}/label-studio/health", processes[1], 300, serve_log)
+
+        start = time.perf_counter()
+        gold_tasks = [{"data": {"text": ex.text}, "annotations": [{"result": [
+            {"id": f"g{j}", "from_name": "label", "to_name": "text", "type": "labels",
+             "value": {"start": s.start, "end": s.end, "text": s.text, "labels": [s.label]}}
+            for j, s in enumerate(ex.spans)]}]} for ex in gold]
+        plan = {"url": url, "token": token, "config": CONFIG, "backend": f"http://127.0.0.1:{backend_port}/label-studio",
+                "gold": gold_tasks, "texts": [{"data": {"text": t}} for t in texts], "predicted": predicted_file,
+                "export": str(work / "export.json")}
+        (work / "plan.json").write_text(json.dumps(plan, ensure_ascii=False), encoding="utf-8")
+        answer = subprocess.run([str(venv / "bin" / "python"), __file__, "--sdk", str(work / "plan.json")],
+                                capture_output=True, text=True, check=False, cwd=work)
+        if answer.returncode != 0:
+            raise RuntimeError(f"the SDK steps failed:\n{answer.stderr[-4000:]}")
+        done = json.loads(answer.stdout.strip().splitlines()[-1])
+        seconds["sdk_steps"] = round(time.perf_counter() - start, 1)
+
+        page_task = done["ids"]["texts"][-1]  # the emoji text, its prediction not accepted
+        start = time.perf_counter()
+        highlighted = screenshot(url, done["project"], page_task, screenshot_path)
+        seconds["screenshot"] = round(time.perf_counter() - start, 1)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+    # what zhie predicts, against what went through Label Studio
+    pipe = zhie.load(model)
+    predicted = pipe.predict(texts)
+    stored_b = [p[0]["result"] for p in done["predictions"]["texts"]]
+    stored_c = [p[0]["result"] for p in done["predictions"]["predicted"]]
+    imported = [t["predictions"][0]["result"] for t in predicted_file]
+    export = work / "export.json"
+    assert detect_format(export) == "label-studio", detect_format(export)
+    read_back = read_ner(export)  # the annotated tasks, in the export's order: A, then the accepted B
+    accepted = len(done["accepted"])
+    assert [ex.text for ex in read_back] == [ex.text for ex in gold] + texts[:accepted], [ex.text for ex in read_back]
+    checks = {"backend_predictions": unchanged((spans(p), regions(r)) for p, r in zip(predicted, stored_b)),
+              "imported_predictions": unchanged((regions(a), regions(b)) for a, b in zip(imported, stored_c)),
+              "gold_annotations": unchanged((spans(ex.spans), spans(r.spans)) for ex, r in zip(gold, read_back)),
+              "accepted_annotations": unchanged((spans(p), spans(r.spans))
+                                                for p, r in zip(predicted, read_back[len(gold):])),
+              "page_highlights": unchanged([(sorted(s.text for s in predicted[-1]), sorted(highlighted))])}
+    score_diff = max(abs(a - round(s.score, 4)) for p, r in zip(predicted, stored_b)
+                     for a, s in zip(scores(r), sorted(p, key=lambda s: (s.start, s.end))))
+    score_diff = max([score_diff] + [abs(a - b) for x, y in zip(imported, stored_c)
+                                     for a, b in zip(scores(x), scores(y))])
+
+    start = time.perf_counter()
+    trained = zhie_cli("train", "ner", "--train", str(export), "--dev", str(export), "--format", "auto",
+                   "--encoder", "tiny", "--epochs", "1", "--out", str(work / "from-export"), "--quiet")
+    seconds["train_from_export"] = round(time.perf_counter() - start, 1)
+    best = json.loads(trained.strip().splitlines()[-1])
+    labels = json.loads((work / "from-export" / "best" / "zhie.json").read_text(encoding="utf-8"))["labels"]
+    versions = dict(line.split("==") for line in (venv / "zhie-installed.txt").read_text().split() if "==" in line)
+    return {"date": date.today().isoformat(), "label_studio": versions.get("label-studio"),
+            "label_studio_sdk": versions.get("label-studio-sdk"), "backend": done["backend"],
+            "tasks": {"gold": len(gold), "backend_predicted": len(texts), "accepted": accepted,
+                      "imported_predicted": len(predicted_file)},
+            "checks": {k: {"spans": n, "unchanged": ok} for k, (n, ok) in checks.items()},
+            "spans_checked": sum(n for n, _ in checks.values()),
+            "spans_unchanged": sum(ok for _, ok in checks.values()),
+            "trained_from_export": {"labels": labels, "dev_f1": round(best["best"]["f1"], 4)},
+            "max_score_difference": round(score_diff, 6), "page_highlights": highlighted,
+            "screenshot": str(screenshot_path.relative_to(ROOT) if screenshot_path.is_relative_to(ROOT) else
+                              screenshot_path), "seconds": seconds,
+            "machine": machine()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--venv", type=Path, default=VENV, help=f"Label Studio's venv, made once (default {VENV})")
+    p.add_argument("--work", type=Path, default=None, help="working directory (default: a temporary one, removed)")
+    p.add_argument("--no-results", action="store_true",
+                   help="print the row only; the screenshot goes to --work (what the pytest test runs)")
+    p.add_argument("--sdk", default=None, help=argparse.SUPPRESS)  # the Label Studio venv's side
+    args = p.parse_args()
+    if args.sdk:
+        sdk(args.sdk)
+        return 0
+    work = args.work or Path(tempfile.mkdtemp(prefix="zhie-label-studio-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import RESULTS, append_result
+
+    shot = work / "label_studio_page.png" if args.no_results else RESULTS / "label_studio_page.png"
+    start = time.perf_counter()
+    try:
+        row = run(work, args.venv, shot)
+    finally:
+        if args.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    row["seconds"]["total"] = round(time.perf_counter() - start, 1)
+    if args.no_results:
+        print(json.dumps(row, ensure_ascii=False))
+    else:
+        append_result("label_studio", row)
+    ok = row["spans_unchanged"] == row["spans_checked"] > 0 and row["max_score_difference"] <= 1e-3
+    print(f"{row['spans_unchanged']} of {row['spans_checked']} spans went around the loop unchanged", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
