@@ -22,7 +22,7 @@ doc still pickles (``nlp.pipe(n_process=2)``) and goes into a ``DocBin``. zhie's
 tokens with ``Doc.char_span(start, end, alignment_mode="expand")``: an offset inside a token takes the whole token,
 and ``doc._.zhie_expanded`` counts the spans (entities, mentions) whose characters were not on token boundaries
 (0 with ``spacy.blank("zh")``'s default char segmenter). ``nlp.pipe`` predicts each of its batches of docs in one
-:meth:`zhie.tasks.base.Pipeline.stream` call (``batch_size`` texts per forward pass).
+:meth:`zhie.tasks.pipeline.Pipeline.stream` call (``batch_size`` texts per forward pass).
 """
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ import numpy as np
 from zhie import tasks
 from zhie.core.text import TextTokenizer
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, WindowedTask
+from zhie.tasks.base import Task, WindowedTask
+from zhie.tasks.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -238,7 +238,7 @@ def make_segmenter(name: str) -> Callable[[list[str]], list[list[str]]]:
         jieba.setLogLevel(60)
         return lambda texts: [jieba.lcut(t) for t in texts]
     if Path(name).is_dir():
-        from zhie.tasks.base import load_pipeline
+        from zhie.tasks.pipeline import load_pipeline
 
         pipe = load_pipeline(name)
         if pipe.task.name != "cws":
@@ -740,11 +740,12 @@ def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], in
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
-    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does (:func:`zhie.tasks.base.kept_token_ids`):
-    ``auto`` keeps CJK, ASCII and the corpus's characters for vocabularies over 50,000 tokens (e5-small: 250k -> about
-    20k rows, so each step is far cheaper), ``all`` keeps everything; the head's output bias follows the rows."""
+    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does
+    (:func:`zhie.tasks.encoder_prep.kept_token_ids`): ``auto`` keeps CJK, ASCII and the corpus's characters for
+    vocabularies over 50,000 tokens (e5-small: 250k -> about 20k rows, so each step is far cheaper), ``all`` keeps
+    everything; the head's output bias follows the rows."""
     from zhie import encoders
-    from zhie.tasks.base import kept_token_ids
+    from zhie.tasks.encoder_prep import kept_token_ids
 
     ids = kept_token_ids(tokenizer, config.keep_tokens, charset) if config.tokens == "char" else None
     if ids is None:
