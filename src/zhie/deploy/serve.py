@@ -1,5 +1,8 @@
 """``zhie serve DIR``: an HTTP service for a trained (or exported) model, with request batching and a page at ``/``.
 
+Over 400 lines: one HTTP app, its limits, gate, service and routes on one request's path; the request batching is
+:mod:`zhie.deploy.batcher`.
+
 Endpoints (:func:`create_app`):
 
 * ``POST /predict {"texts": [...]}`` -> a list with, per text, the object ``zhie predict`` prints for it

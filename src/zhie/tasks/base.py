@@ -1,13 +1,14 @@
 """The task base classes: :class:`Task` (the protocol every task implements), :class:`WindowedTask` (what the span
 tasks add: windows over long texts), and :class:`Evaluator` (a task's evaluation as the training loop calls it).
 
+Over 400 lines: two base classes whose docstrings are the protocol's reference, and the names re-exported below.
+
 A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:`zhie.tasks` finds it, and the CLI,
 :func:`zhie.fit` and :func:`zhie.load` use it through that registry. What tasks share lives beside this module:
 :mod:`~zhie.tasks.modeldir` (model directories on disk), :mod:`~zhie.tasks.batching` (padding, batches),
 :mod:`~zhie.tasks.encoder_prep` (the encoder a run starts from), :mod:`~zhie.tasks.cli_flags` (flags and commands)
 and :mod:`~zhie.tasks.pipeline` (what :func:`zhie.load` returns); their names are also importable from here, as they
-were before they moved. (Over 400 lines: two base classes whose docstrings are the protocol's reference, and the
-re-exports.)
+were before they moved.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
 by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.deploy.runtime`); what trains (heads,
