@@ -140,9 +140,17 @@ def test_the_core_imports_no_torch():
     assert not found, "\n".join(found)
 
 
+def packages(module: str) -> list[str]:
+    """The packages whose ``__init__`` runs before ``module`` is imported (``zhie.multitask.config``: ``zhie`` and
+    ``zhie.multitask``)."""
+    parts = module.split(".")
+    return [".".join(parts[:n]) for n in range(1, len(parts))]
+
+
 def test_what_the_runtime_runs_imports_torch_only_inside_functions():
-    """From each root, follow the zhie imports that run when a module is imported; none of the modules reached may
-    import torch (transformers, accelerate) then: ``pip install "zhie[runtime]"`` has none of them."""
+    """From each root, follow the zhie imports that run when a module is imported (and the packages holding each
+    module reached, whose ``__init__`` runs first); none of the modules reached may import torch (transformers,
+    accelerate) then: ``pip install "zhie[runtime]"`` has none of them."""
     seen: dict[str, str] = {}  # module -> the module whose import reached it
     todo = [(m, "a root") for m in MODULES if any(is_under(m, root) for root in TORCH_FREE_ROOTS)]
     while todo:
@@ -151,6 +159,7 @@ def test_what_the_runtime_runs_imports_torch_only_inside_functions():
             continue
         seen[module] = by
         todo += [(i.module, module) for i in zhie_imports(module) if i.at_import and i.module in MODULES]
+        todo += [(package, module) for package in packages(module) if package in MODULES]
     found = [f"{m}:{i.line} imports {i.module} (reached from {seen[m]})" for m in sorted(seen)
              for i in torch_imports(m, at_import_only=True)]
     assert not found, "\n".join(found)

@@ -411,6 +411,23 @@ def test_a_relation_members_schema_path_is_relative_to_the_config(made_up, tmp_p
         read_config(tmp_path / "sub/mt.toml")
 
 
+def test_a_run_reads_its_config_once(made_up, tmp_path, monkeypatch):
+    """zhie.fit asks for the config three times (read_splits, configure, data_files): the file is read once, and read
+    again once it changes."""
+    from zhie.multitask import config as mtconfig
+
+    reads, load = [], mtconfig._load_file
+    monkeypatch.setattr(mtconfig, "_load_file", lambda path: reads.append(path) or load(path))
+    config = _config(made_up, tmp_path, "equal")
+    train, _ = MultiTask.read_splits(None, None, config_file=config)
+    assert MultiTask.configure(train, encoder="tiny", config_file=config).weighting == "equal"
+    assert set(MultiTask.data_files(None, None, config_file=config)) == {"config", "ner/train", "ner/dev", "seg/train",
+                                                                        "seg/dev"}
+    assert len(reads) == 1
+    config.write_text(config.read_text(encoding="utf-8").replace('"equal"', '"mgda"'), encoding="utf-8")
+    assert read_config(config)[1] == {"scheme": "mgda"} and len(reads) == 2
+
+
 def test_a_config_that_is_not_utf8_names_the_file(tmp_path):
     config = tmp_path / "mt.toml"
     config.write_bytes('[weighting]\nscheme = "equal"  # 权重\n'.encode("gb18030"))

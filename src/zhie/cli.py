@@ -26,7 +26,8 @@ from zhie.core.files import atomic_write_text, check_file_target
 from zhie.data import FORMATS, label_studio
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
-from zhie.tasks.base import add_batching_flags, add_prediction_flags, positive_int, resolve_model_dir
+from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags, positive_int
+from zhie.tasks.modeldir import resolve_model_dir
 from zhie.version import __version__
 
 
@@ -374,8 +375,8 @@ def cmd_predict(args) -> None:
 
 
 def cmd_task_command(args) -> None:
-    """A task's own command over texts (``zhie segment``, ``zhie embed``; :class:`zhie.tasks.base.TextCommand`): load
-    the model, check its task, and stream (:func:`write_outputs`)."""
+    """A task's own command over texts (``zhie segment``, ``zhie embed``; :class:`zhie.tasks.cli_flags.TextCommand`):
+    load the model, check its task, and stream (:func:`write_outputs`)."""
     import zhie
 
     command = args.task_command
@@ -437,7 +438,7 @@ def output_record(task, output_format: str):
 def output_line(task, line: stream.Line, prediction, plain=None, record=None) -> str:
     """The output line of one input ``line`` of ``zhie predict`` (``segment``, ``embed``): ``{"text", OUTPUT_KEY}``
     with the task's JSON of ``prediction``, ``record(text, prediction)`` (:func:`output_record`), or
-    ``plain(prediction)`` (a :class:`zhie.tasks.base.TextCommand`'s plain lines); for a bad line skipped with
+    ``plain(prediction)`` (a :class:`zhie.tasks.cli_flags.TextCommand`'s plain lines); for a bad line skipped with
     ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
     if line.error is not None:
         return "" if plain is not None else JSON_LINE.encode({"file": line.path, "line": line.number,

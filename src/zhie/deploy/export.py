@@ -57,7 +57,8 @@ from torch import Tensor, nn
 from zhie.core import card
 from zhie.core.text import TextTokenizer
 from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS, is_export
-from zhie.tasks.base import model_inputs, resolve_model_dir, save_model_dir
+from zhie.tasks.batching import model_inputs
+from zhie.tasks.modeldir import resolve_model_dir, save_model_dir
 from zhie.version import __version__
 
 ENCODER_WEIGHTS = "model.safetensors"

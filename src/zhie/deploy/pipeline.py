@@ -11,7 +11,8 @@ import os
 
 from zhie import tasks
 from zhie.deploy.runtime import is_export
-from zhie.tasks.base import Pipeline, load_pipeline, read_meta, resolve_model_dir
+from zhie.tasks.modeldir import read_meta, resolve_model_dir
+from zhie.tasks.pipeline import Pipeline, load_pipeline
 
 __all__ = ["Pipeline", "load"]
 

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from zhie import tasks
-from zhie.tasks.base import HEAD_FILE, load_weights, read_meta
+from zhie.tasks.modeldir import HEAD_FILE, load_weights, read_meta
 
 GRAPH_FILE = "model.onnx"
 EXPORT_FILE = "export.json"

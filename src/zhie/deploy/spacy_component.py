@@ -22,7 +22,7 @@ doc still pickles (``nlp.pipe(n_process=2)``) and goes into a ``DocBin``. zhie's
 tokens with ``Doc.char_span(start, end, alignment_mode="expand")``: an offset inside a token takes the whole token,
 and ``doc._.zhie_expanded`` counts the spans (entities, mentions) whose characters were not on token boundaries
 (0 with ``spacy.blank("zh")``'s default char segmenter). ``nlp.pipe`` predicts each of its batches of docs in one
-:meth:`zhie.tasks.base.Pipeline.stream` call (``batch_size`` texts per forward pass).
+:meth:`zhie.tasks.pipeline.Pipeline.stream` call (``batch_size`` texts per forward pass).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from spacy.language import Language
 from spacy.tokens import Doc, SpanGroup
 from spacy.util import filter_spans, minibatch
 
-import zhie
+from zhie.deploy.pipeline import load
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class ZhieComponent:
 
     def __init__(self, model: str, *, task: str | None = None, spans_key: str = "zhie", batch_size: int = 32,
                  device: str | None = None, precision: str = "fp32") -> None:
-        self.pipeline = zhie.load(model, device=device, precision=precision)
+        self.pipeline = load(model, device=device, precision=precision)
         if task is not None:
             self.pipeline = self.pipeline.member(task)
         self.output_key = self.pipeline.task.output_key

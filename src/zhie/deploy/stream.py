@@ -3,7 +3,7 @@ order, with memory that does not grow with the input.
 
 Input lines are read lazily (:class:`TextReader`): each is a :class:`Line`, its text ("" for a blank line) or, for a
 bad line skipped with ``--skip-bad-lines``, why it was skipped. The pipeline's ``stream``
-(:meth:`zhie.tasks.base.Pipeline.stream`) predicts their texts chunk by chunk (:func:`predicted`), and each line's
+(:meth:`zhie.tasks.pipeline.Pipeline.stream`) predicts their texts chunk by chunk (:func:`predicted`), and each line's
 output is written as it comes (:func:`write_lines`, :func:`write_npy`): standard output is flushed after each chunk;
 an ``--output`` file is written as ``FILE.partial`` and renamed to ``FILE`` when the whole input is done, so that a
 failure late in a long run leaves ``FILE`` as it was and the outputs done so far in ``FILE.partial`` (whose line
@@ -25,7 +25,7 @@ import numpy as np
 from zhie.core.files import atomic_write, partial_path
 from zhie.data import DataError
 from zhie.data.base import decode_line, text_format, text_of_line
-from zhie.tasks.base import chunks
+from zhie.tasks.batching import chunks
 
 __all__ = ["Line", "TextReader", "mask_path", "predicted", "write_lines", "write_npy"]
 

@@ -1,5 +1,8 @@
 """zhie's own encoders: RoFormerV2 and GAU-α (spec §6, §11.2), with FLASH (§6.1) and DeepNorm (§7) as options.
 
+Over 400 lines: one model family, as a transformers modeling file is (the two share their config, embeddings, norm,
+initialisation, DeepNorm and encoder class).
+
 Both share the RoFormerV2 skeleton: token + segment embeddings (no absolute positions), RoPE (interleaved,
 spec §0.1) inside every attention, **no biases** (``use_bias=False``), **post-norm** with an RMS norm that has no
 gain and no offset, ``x <- Norm(alpha * x + Dropout(F(x)))`` (alpha = 1 unless DeepNorm). They differ in F:

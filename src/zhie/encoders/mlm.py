@@ -18,7 +18,9 @@ continue; :func:`load_head` also reads the heads of full Hugging Face checkpoint
 **Masking** (:func:`mask_tokens`): every word is chosen with probability ``rate`` (15 %), all of its tokens together;
 each chosen token becomes ``[MASK]`` (80 %), a random token (10 %) or stays (10 %), as bert4keras' pre-training data
 (``TrainingDatasetRoBERTa``) that GAU-α used. Choosing words independently makes the expected share of chosen tokens
-``rate`` whatever the word lengths. Char-level masking is the same with every token a word of its own.
+``rate`` whatever the word lengths. Char-level masking is the same with every token a word of its own. A
+:class:`Masker` makes a masked batch of packed sequences (:func:`collate`, then :func:`mask_tokens` on a generator
+seeded from the caller's numbers: a step and a batch).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["HEAD_FILE", "IGNORE", "MLMHead", "MLMOutput", "MaskedLM", "head_kind", "load_head", "mask_tokens",
-           "save_head"]
+__all__ = ["HEAD_FILE", "IGNORE", "MLMHead", "MLMOutput", "MaskedLM", "Masker", "collate", "head_kind", "load_head",
+           "mask_tokens", "save_head"]
 
 IGNORE = -100  # label of the positions that are not predicted
 HEAD_FILE = "mlm_head.safetensors"
@@ -221,3 +224,42 @@ def mask_tokens(input_ids: Tensor, word_starts: Tensor, special: Tensor, *, mask
     masked = torch.where(chosen & (action >= 0.9), replacement, masked)
     labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE))
     return masked.to(device), labels.to(device)
+
+
+def collate(sequences: list[tuple[np.ndarray, np.ndarray]], cls_id: int, sep_id: int, pad_id: int) -> dict[str, Tensor]:
+    """Packed sequences -> ``input_ids`` (``[CLS] ... [SEP]``, padded), ``attention_mask``, ``word_starts`` and
+    ``special`` (special tokens and padding: never masked)."""
+    n = max(len(ids) for ids, _ in sequences) + 2
+    input_ids = torch.full((len(sequences), n), pad_id, dtype=torch.long)
+    word_starts = torch.ones(len(sequences), n, dtype=torch.bool)
+    special = torch.ones(len(sequences), n, dtype=torch.bool)
+    for row, (ids, starts) in enumerate(sequences):
+        k = len(ids)
+        input_ids[row, 0], input_ids[row, k + 1] = cls_id, sep_id
+        input_ids[row, 1:k + 1] = torch.from_numpy(ids.astype(np.int64))
+        word_starts[row, 1:k + 1] = torch.from_numpy(starts)
+        special[row, 1:k + 1] = False
+    attention_mask = torch.zeros_like(input_ids)
+    for row, (ids, _) in enumerate(sequences):
+        attention_mask[row, :len(ids) + 2] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "word_starts": word_starts, "special": special}
+
+
+@dataclass
+class Masker:
+    """Packed sequences -> an MLM batch (``input_ids`` masked, ``attention_mask``, ``labels``): :func:`collate`, then
+    :func:`mask_tokens` on a generator seeded from the numbers the caller gives (a step and a batch)."""
+
+    ids: dict           # cls_id, sep_id, pad_id
+    mask_args: dict     # mask_id, random_ids, rate
+
+    def __call__(self, sequences: list[tuple[np.ndarray, np.ndarray]], *seed: int) -> dict[str, Tensor]:
+        batch = collate(sequences, **self.ids)
+        inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
+                                     generator=torch.Generator().manual_seed(_mix(*seed)), **self.mask_args)
+        return {"input_ids": inputs, "attention_mask": batch["attention_mask"], "labels": labels}
+
+
+def _mix(*numbers: int) -> int:
+    """A 63-bit seed from several integers (numpy's SeedSequence), for per-batch generators."""
+    return int(np.random.SeedSequence(list(numbers)).generate_state(2, np.uint64)[0] >> np.uint64(1))

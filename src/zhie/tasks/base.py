@@ -1,7 +1,14 @@
-"""The task protocol, and what every task shares: model directories on disk, padding, windows, evaluation.
+"""The task base classes: :class:`Task` (the protocol every task implements), :class:`WindowedTask` (what the span
+tasks add: windows over long texts), and :class:`Evaluator` (a task's evaluation as the training loop calls it).
+
+Over 400 lines: two base classes whose docstrings are the protocol's reference, and the names re-exported below.
 
 A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:`zhie.tasks` finds it, and the CLI,
-:func:`zhie.fit` and :func:`zhie.load` use it through that registry.
+:func:`zhie.fit` and :func:`zhie.load` use it through that registry. What tasks share lives beside this module:
+:mod:`~zhie.tasks.modeldir` (model directories on disk), :mod:`~zhie.tasks.batching` (padding, batches),
+:mod:`~zhie.tasks.encoder_prep` (the encoder a run starts from), :mod:`~zhie.tasks.cli_flags` (flags and commands)
+and :mod:`~zhie.tasks.pipeline` (what :func:`zhie.load` returns); their names are also importable from here, as they
+were before they moved.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
 by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.deploy.runtime`); what trains (heads,
@@ -11,253 +18,65 @@ losses, tensors) is imported where it is used.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
-from zhie.core import card
-from zhie.core.files import replace_dir
 from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
-from zhie.data.base import TEXT_FORMATS
-from zhie.precision import PRECISIONS, autocast
-from zhie.version import __version__
+from zhie.tasks.batching import (
+    chunks,
+    device_of,
+    input_arrays,
+    model_inputs,
+    pad,
+    pad_array,
+    seeded,
+    sorted_batches,
+    sparse_cells,
+)
+from zhie.tasks.cli_flags import (
+    OUTPUT_HELP,
+    TextCommand,
+    add_batching_flags,
+    add_prediction_flags,
+    add_text_command,
+    check_max_length,
+    device_name,
+    only_auto_format,
+    positive_int,
+)
+from zhie.tasks.encoder_prep import CJK_CHARSET, kept_token_ids, prepare_encoder
+from zhie.tasks.modeldir import (
+    HEAD_FILE,
+    META_FILE,
+    MODEL_FORMAT,
+    load_weights,
+    read_meta,
+    rename_weights,
+    resolve_model_dir,
+    save_model_dir,
+)
+from zhie.tasks.pipeline import CHUNK_LINES, Pipeline, load_pipeline, stream_predictions
 
 if TYPE_CHECKING:
-    import torch
+    import numpy as np
     from torch import Tensor, nn
 
     from zhie.model import Model
 
-META_FILE = "zhie.json"
-HEAD_FILE = "head.safetensors"
-MODEL_FORMAT = 2  # 1: zhie 0.1.0 before the task protocol (one model class per task); 2: encoder + named heads
-CHUNK_LINES = 4096  # texts read and predicted at a time by Pipeline.stream (zhie predict's --chunk-lines)
-T = TypeVar("T")
-
-
-# ------------------------------------------------------------------------------------------------- model directories
-def save_model_dir(out: str | os.PathLike, model: Model, tokenizer, meta: dict,
-                   files: Callable[[Path], None] | None = None, about: dict | None = None,
-                   record: dict | None = None) -> Path:
-    """Write ``model`` as an HF-style directory, atomically.
-
-    The encoder's ``config.json`` + ``model.safetensors`` and the tokenizer files (so the directory is also a plain
-    fine-tuned encoder for transformers), ``head.safetensors`` with every other weight (``heads.<name>.…``),
-    ``zhie.json`` (task, its configuration, model format, zhie version), what ``files(directory)`` writes,
-    ``training.json`` (``record``: how a training run made the model, :mod:`zhie.training.record`) when given, and
-    the model card ``README.md`` made from them and the task's ``about`` (:meth:`Task.describe`; :mod:`zhie.core.card`).
-    """
-    from safetensors.torch import save_file
-
-    from zhie.encoders import quiet_transformers
-
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        with quiet_transformers():
-            model.encoder.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        head = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-                if not k.startswith("encoder.")}
-        save_file(head, str(tmp / HEAD_FILE), metadata={"format": "pt"})
-        meta_text = json.dumps({**meta, "format": MODEL_FORMAT, "zhie_version": __version__}, ensure_ascii=False,
-                               indent=2)
-        (tmp / META_FILE).write_text(meta_text, encoding="utf-8")
-        if files is not None:
-            files(tmp)
-        if record is not None:
-            (tmp / card.RECORD_FILE).write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")
-        (tmp / card.CARD_FILE).write_text(card.render(json.loads(meta_text), record, about), encoding="utf-8")
-
-    replace_dir(out, write)
-    return out
-
-
-def resolve_model_dir(path: str | os.PathLike) -> Path:
-    """A model directory, or a training run directory whose ``best/`` holds one."""
-    path = Path(path)
-    if not (path / META_FILE).exists() and (path / "best" / META_FILE).exists():
-        return path / "best"
-    return path
-
-
-def read_meta(path: str | os.PathLike) -> dict:
-    file = resolve_model_dir(path) / META_FILE
-    if not file.exists():
-        raise FileNotFoundError(f"{path}: no {META_FILE}; is this a model directory written by `zhie train`?")
-    damaged = "the model directory is damaged or was edited: copy it again, or train the model again"
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file}: not valid JSON ({err}); {damaged}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("task"), str):
-        raise ValueError(f"{file}: expected a JSON object with the model's \"task\"; {damaged}")
-    return meta
-
-
-def load_weights(load_file: Callable[[str], dict], file: Path) -> dict:
-    """``load_file(file)`` (safetensors' torch or numpy ``load_file``), with a clear error for a missing, truncated or
-    damaged file."""
-    from safetensors import SafetensorError
-
-    again = "copy the model directory again, or train the model again"
-    if not file.is_file():
-        raise FileNotFoundError(f"{file}: missing from the model directory; {again}")
-    try:
-        return load_file(str(file))
-    except SafetensorError as err:
-        raise ValueError(f"{file}: cannot be read ({err}): the file is truncated or damaged; {again}") from None
-
-
-# ------------------------------------------------------------------------------------------------- tensors
-def pad_array(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> np.ndarray:
-    """Right-pad integer rows into a ``[len(rows), length]`` int64 array."""
-    return _padded(rows, value, length)[0]
-
-
-def input_arrays(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, np.ndarray]:
-    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask`` (int64 arrays)."""
-    ids, mask = _padded(rows, pad_id)
-    return {"input_ids": ids, "attention_mask": mask.astype(np.int64)}
-
-
-def _padded(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(rows right-padded with value into [len(rows), length] int64, the bool mask of the cells the rows fill)``, in
-    one scatter of all the rows' values (a row longer than ``length`` is an error)."""
-    sizes = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-    length = int(sizes.max(initial=0)) if length is None else length
-    if len(rows) and sizes.max() > length:
-        raise ValueError(f"a row of {int(sizes.max())} values does not fit the padded length {length}")
-    mask = np.arange(length) < sizes[:, None]
-    out = np.full((len(rows), length), value, dtype=np.int64)
-    out[mask] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=int(sizes.sum()))
-    return out, mask
-
-
-def pad(rows: Sequence[Sequence[int]], value: int, length: int | None = None) -> Tensor:
-    """Right-pad integer rows into a ``[len(rows), length]`` long tensor."""
-    import torch
-
-    return torch.from_numpy(pad_array(rows, value, length))
-
-
-def model_inputs(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, Tensor]:
-    """Token id rows (special tokens included) -> right-padded ``input_ids`` and ``attention_mask`` (tensors)."""
-    import torch
-
-    return {k: torch.from_numpy(v) for k, v in input_arrays(rows, pad_id).items()}
-
-
-def sparse_cells(rows: list[list[tuple[int, int, int]]], heads: int, n: int) -> Tensor:
-    """Per-row ``(head, i, j)`` content positions -> ``[b, heads, P]`` cells ``(i+1) * n + (j+1)``, 0-padded."""
-    import torch
-
-    per_head = [[set() for _ in range(heads)] for _ in rows]
-    for b, cells in enumerate(rows):
-        for k, i, j in cells:
-            per_head[b][k].add((i + 1) * n + j + 1)
-    width = max([1] + [len(c) for row in per_head for c in row])
-    out = torch.zeros(len(rows), heads, width, dtype=torch.long)
-    for b, row in enumerate(per_head):
-        for k, cells in enumerate(row):
-            out[b, k, : len(cells)] = torch.tensor(sorted(cells), dtype=torch.long)
-    return out
-
-
-def sorted_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> Iterator[list[int]]:
-    """Indices grouped into batches of similar length (longest first), for prediction: ``batch_size`` rows each, or,
-    with ``max_tokens``, as many rows as keep ``rows x longest length <= max_tokens`` (a row longer than
-    ``max_tokens`` alone in its batch); ``lengths`` are the rows' padded-to lengths (special tokens included)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    if max_tokens is None:
-        yield from (order[i : i + batch_size] for i in range(0, len(order), batch_size))
-        return
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive number of tokens, got {max_tokens}")
-    batch: list[int] = []
-    for i in order:
-        if batch and (len(batch) + 1) * lengths[batch[0]] > max_tokens:
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
-
-
-def device_of(model: nn.Module) -> torch.device:
-    """Where ``model``'s parameters are (the CPU for a model without any)."""
-    import torch
-
-    param = next(model.parameters(), None)
-    return param.device if param is not None else torch.device("cpu")
-
-
-@contextlib.contextmanager
-def seeded(seed: int):
-    """Run the block with torch's generator seeded with ``seed``, then give the caller's generator state back."""
-    import torch
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-# ------------------------------------------------------------------------------------------------- encoders
-# Characters kept when a large multilingual vocabulary is pruned for Chinese char-mode tasks.
-CJK_CHARSET = "".join(map(chr, [*range(0x4E00, 0xA000), *range(0x3400, 0x4DC0), *range(0x21, 0x7F),
-                                 *range(0x3000, 0x3040), *range(0xFF01, 0xFF5F), *range(0x2010, 0x2060)]))
-
-
-def prepare_encoder(name: str, *, texts: list[str], mode: str = "char", keep_tokens: str = "auto",
-                    layers: int | None = None, seed: int = 0, unshare: bool = False):
-    """Load an encoder for training: optionally keep only its first ``layers`` layers and prune its vocabulary.
-
-    ``keep_tokens`` (bert4keras's keep_tokens): ``"all"`` keeps the vocabulary as it is; ``"cjk"`` keeps the
-    tokens of CJK ideographs, ASCII, CJK and full-width punctuation and of every character of ``texts``;
-    ``"data"`` only those of ``texts``; ``"auto"`` is ``"cjk"`` for vocabularies over 50,000 tokens (e5-small's
-    250k rows shrink to about 20k, which makes every optimiser step cheaper) and ``"all"`` otherwise. In sub-word
-    mode (or a multi-task model with a sub-word member) only ``"data"`` prunes: it keeps the pieces that
-    ``texts`` tokenise into, and their characters. Those texts then tokenise exactly as before (a Unigram or
-    WordPiece tokenizer still finds its pieces), but unseen text may split into other pieces or ``<unk>``, so
-    prune with ``"data"`` only for a closed set of texts (benchmarks, a fixed corpus); the other values keep the
-    whole sub-word vocabulary. ``seed`` initialises the ``tiny`` encoder; ``unshare`` drops an ALBERT's layer
-    sharing (spec §9.1).
-    """
-    from zhie import encoders
-
-    model, tokenizer = encoders.load(name, texts=texts, seed=seed, unshare=unshare)
-    if layers is not None:
-        encoders.truncate_layers(model, layers)
-    keep = kept_token_ids(tokenizer, keep_tokens, {c for text in texts for c in text})
-    if keep is not None and mode != "char":
-        keep = keep | {i for ids in tokenizer(texts, add_special_tokens=False)["input_ids"] for i in ids} \
-            if keep_tokens == "data" else None
-    if keep is not None:
-        model, tokenizer = encoders.prune_vocab(model, tokenizer, keep)
-    return model, tokenizer
-
-
-def kept_token_ids(tokenizer, keep_tokens: str, chars: set[str]) -> set[int] | None:
-    """The token ids ``keep_tokens`` keeps for char-mode text made of ``chars`` (see :func:`prepare_encoder`), or
-    None when it keeps the whole vocabulary; :func:`zhie.encoders.prune_vocab` adds the special tokens."""
-    if keep_tokens == "auto":
-        keep_tokens = "cjk" if len(tokenizer) > 50_000 else "all"
-    if keep_tokens not in ("all", "cjk", "data"):
-        raise ValueError(f"unknown keep_tokens {keep_tokens!r}; use auto, all, cjk or data")
-    if keep_tokens == "all":
-        return None
-    tt = TextTokenizer(tokenizer, "char")
-    return {tt.char_id(c) for c in chars | (set(CJK_CHARSET) if keep_tokens == "cjk" else set())} - {None}
+__all__ = [
+    "Evaluator", "Task", "WindowedTask",
+    # re-exported from the modules they moved to: `from zhie.tasks.base import NAME` keeps working
+    "CHUNK_LINES", "CJK_CHARSET", "HEAD_FILE", "META_FILE", "MODEL_FORMAT", "OUTPUT_HELP", "Pipeline", "TextCommand",
+    "add_batching_flags", "add_prediction_flags", "add_text_command", "check_max_length", "chunks", "device_name",
+    "device_of", "input_arrays", "kept_token_ids", "load_pipeline", "load_weights", "model_inputs",
+    "only_auto_format", "pad", "pad_array", "positive_int", "prepare_encoder", "read_meta", "rename_weights",
+    "resolve_model_dir", "save_model_dir", "seeded", "sorted_batches", "sparse_cells", "stream_predictions",
+]
 
 
 # ------------------------------------------------------------------------------------------------- the protocol
@@ -282,7 +101,7 @@ class Task:
     group_by_length: ClassVar[bool] = True  # training batches of similar lengths (items have ``ids``)
     data_flags: ClassVar[bool] = True      # False: the task's own options name its data (multitask's --config), and
                                            # `zhie train NAME` has no --train/--dev/--format
-    pipeline_class: ClassVar[type]         # what zhie.load returns (set below for the base)
+    pipeline_class: ClassVar[type] = Pipeline  # what zhie.load returns
     base_lr: ClassVar[float] = 2e-4        # the default encoder learning rate at 384 wide, scaled to the encoder's
                                            # width by zhie.training.config.default_lr (heads: 10x)
 
@@ -488,120 +307,6 @@ class Task:
         return task, model
 
 
-def only_auto_format(format: str, what: str) -> None:
-    """Readers of one format: ``--format`` other than ``auto`` is an error that says what the data must be."""
-    if format != "auto":
-        raise ValueError(f"--format {format} does not apply to {what}; leave it out")
-
-
-# ------------------------------------------------------------------------------------------------- commands over texts
-
-@dataclass(frozen=True)
-class TextCommand:
-    """A task's own command over texts (:func:`add_text_command`): the CLI streams its input through the pipeline's
-    ``stream`` and writes one output per input, as ``zhie predict`` does (JSON lines ``{"text", output_key}``), or:
-
-    ``plain``: the line of one prediction (``zhie segment``'s words) when the command writes plain lines (it then
-    has ``--json`` for the JSON lines); ``vectors``: the predictions are vectors, which ``--output FILE.npy`` writes as
-    one array; ``options``: the keywords of the pipeline's ``stream`` that the command's own flags give (``zhie
-    embed --no-normalize``)."""
-
-    task: type[Task]
-    plain: Callable[[Any], str] | None = None
-    vectors: bool = False
-    options: Callable[[argparse.Namespace], dict] | None = None
-
-
-def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, *,
-                     plain: Callable[[Any], str] | None = None, vectors: bool = False,
-                     options: Callable[[argparse.Namespace], dict] | None = None, batch_size: int = 32,
-                     **flags) -> argparse.ArgumentParser:
-    """A task's own command over a model and texts (``zhie segment``, ``zhie embed``; :class:`TextCommand`): the CLI
-    loads the model, checks that it is a ``task`` model, streams the input and writes each prediction as it comes
-    (:mod:`zhie.deploy.stream`). ``flags``: keywords of :func:`add_prediction_flags` (``output_help``)."""
-    p = commands.add_parser(name, help=help)
-    p.add_argument("model", help="model directory (or a run directory with best/)")
-    add_prediction_flags(p, batch_size, **flags)
-    if plain is not None:
-        p.add_argument("--json", action="store_true",
-                       help=f'JSON lines {{"text", "{task.output_key}"}} as zhie predict writes them, not plain lines')
-    p.set_defaults(task_command=TextCommand(task, plain, vectors, options))
-    return p
-
-
-OUTPUT_HELP = ("write the lines to FILE instead of stdout: to FILE.partial as they come, renamed to FILE at the end; "
-               "after a failure FILE.partial keeps the lines done")
-
-
-def add_prediction_flags(p: argparse.ArgumentParser, batch_size: int = 32, output_help: str = OUTPUT_HELP) -> None:
-    """The input, output and batching flags that ``zhie predict``, ``segment`` and ``embed`` share."""
-    p.add_argument("texts", nargs="*", help="texts to process (or use --input)")
-    p.add_argument("--input", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="one text per line, or JSON lines with a 'text' field (see --input-format); - reads stdin; "
-                        "read as a stream; one output per input line, in order (a blank line: an empty result)")
-    p.add_argument("--input-format", default="auto", choices=TEXT_FORMATS,
-                   help="text: every line is a text; jsonl: every line a JSON object with a string 'text'; auto "
-                        "(default): jsonl for a file named .jsonl or .json or whose first non-blank line starts with "
-                        "'{', else text (decided once per file, never per line)")
-    p.add_argument("--output", default=None, metavar="FILE", help=output_help)
-    p.add_argument("--skip-bad-lines", action="store_true",
-                   help="go on past lines that are not UTF-8 or (JSON lines) not a JSON object with a string 'text': "
-                        "each still has its output line, {\"file\", \"line\", \"error\"} in JSON lines (an empty "
-                        "line in plain output, a row of zeros in an .npy file); their count goes to stderr")
-    p.add_argument("--chunk-lines", type=positive_int, default=CHUNK_LINES,
-                   help="texts read, sorted by length and written per chunk (memory is bounded by this)")
-    p.add_argument("--batch-size", type=positive_int, default=batch_size, help="texts (windows) per model batch")
-    add_batching_flags(p)
-
-
-def add_batching_flags(p: argparse.ArgumentParser) -> None:
-    """``--max-tokens``, ``--precision`` and ``--device`` (also ``zhie eval``'s)."""
-    p.add_argument("--max-tokens", type=positive_int, default=None, metavar="N",
-                   help="batches of at most N padded tokens over length-sorted texts instead of --batch-size texts")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                   help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
-    p.add_argument("--device", type=device_name, default=None, metavar="DEVICE",
-                   help="cpu, cuda, cuda:N, or auto (default: the GPU if there is one, else the CPU); an export runs "
-                        "on the CPU")
-
-
-def device_name(value: str) -> str | None:
-    """``--device``: ``cpu``, ``cuda`` or ``cuda:N`` as given; ``auto`` is None (the GPU if there is one)."""
-    if value == "auto":
-        return None
-    if value in ("cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
-        return value
-    raise argparse.ArgumentTypeError(f"unknown device {value!r}; use cpu, cuda, cuda:N or auto")
-
-
-def check_max_length(max_length: int) -> int:
-    """A task's ``--max-length`` (``max_length`` in a multi-task config), checked: [CLS], [SEP] and at least one
-    token of text."""
-    if max_length < 3:
-        raise ValueError(f"--max-length {max_length}: a window (a sentence) holds [CLS], [SEP] and at least one token "
-                         "of text; give 3 or more")
-    return max_length
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
-
-
-def rename_weights(weights: dict[str, Tensor], renames: dict[str, str | None]) -> dict[str, Tensor]:
-    """Weights with each name's prefix in ``renames`` replaced (``None``: the weight is dropped)."""
-    out = {}
-    for name, value in weights.items():
-        prefix = next((p for p in renames if name.startswith(p)), None)
-        if prefix is None:
-            out[name] = value
-        elif renames[prefix] is not None:
-            out[renames[prefix] + name[len(prefix):]] = value
-    return out
-
-
 @dataclass
 class Evaluator:
     """Scores a model on a labelled set: ``evaluator(model) -> summary`` (the loop's after-epoch evaluation)."""
@@ -618,98 +323,6 @@ class Evaluator:
     def __call__(self, model: Model) -> dict[str, float]:
         self.last = self.task.evaluate(model, self.examples, self.batch_size)
         return self.task.summary(self.last)
-
-
-class Pipeline:
-    """A trained model and its task: ``zhie.load(DIR).predict(texts)``; on the GPU if there is one.
-
-    ``precision`` (``fp32``, ``bf16``, ``fp16``): the encoder's precision in ``predict`` and ``evaluate``
-    (:mod:`zhie.precision`; decoding stays fp32). ``model``: a :class:`zhie.model.Model`, or an export's
-    :class:`zhie.deploy.runtime.OnnxModel` (CPU, fp32).
-    """
-
-    def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:
-        self.task, self.model = task, model
-        if device is None:
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = str(device)
-        try:
-            self.model.to(self.device)
-        except (RuntimeError, AssertionError) as err:  # torch: a device name it does not know, or no CUDA here
-            raise ValueError(f"cannot put the model on the device {self.device!r} ({err}); use cpu, or cuda on a "
-                             "machine with a GPU") from None
-        self.precision = precision
-        self.autocast()  # an unknown precision, or one the device lacks, fails here
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The context the model runs in: autocast to ``precision`` on the model's device (nothing for fp32)."""
-        return autocast(self.precision, self.device)
-
-    def predict(self, texts: list[str] | str, batch_size: int = 32, max_tokens: int | None = None) -> list:
-        """One prediction per text, in input order (a single string counts as a list of one); the type of a
-        prediction is the task's (see its ``predict``). ``max_tokens``: batches of at most that many padded tokens
-        over length-sorted texts instead of ``batch_size`` texts."""
-        with self.autocast():
-            return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
-                                     max_tokens=max_tokens)
-
-    def stream(self, texts: Iterable[str], batch_size: int = 32, max_tokens: int | None = None,
-               chunk_size: int = CHUNK_LINES) -> Iterator:
-        """One prediction per text of ``texts`` (any iterable, read lazily: a file, a generator), in their order, as
-        ``predict`` gives it, with memory bounded by ``chunk_size``: that many texts are read and predicted at a time
-        (:func:`stream_predictions`). A blank text (empty, or only whitespace) gets the empty prediction: no entities,
-        words or triples; a sentence encoder's vector of zeros."""
-        return stream_predictions(lambda chunk: self.predict(chunk, batch_size, max_tokens), texts, chunk_size)
-
-    def evaluate(self, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
-        with self.autocast():
-            return self.task.evaluate(self.model, examples, batch_size, max_tokens=max_tokens)
-
-    def member(self, name: str) -> Pipeline:
-        """The pipeline of the member task ``name`` of a multi-task model (``zhie eval --task``); a single-task model
-        is its own only member, under its task's name."""
-        if name not in (self.task.name, *self.task.aliases):
-            raise ValueError(f"this is a single-task {self.task.name} model; it has no member task {name!r}")
-        return self
-
-
-Task.pipeline_class = Pipeline
-
-
-def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
-    """``items`` in lists of ``size`` (the last one shorter), read lazily."""
-    if size < 1:
-        raise ValueError(f"a chunk holds at least one item, got a size of {size}")
-    it = iter(items)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
-
-
-def stream_predictions(predict: Callable[[list[str]], Sequence], texts: Iterable[str], chunk_size: int) -> Iterator:
-    """The streaming of :meth:`Pipeline.stream` (and of a pipeline's own ``stream`` with other options): ``predict``
-    on each chunk of ``chunk_size`` texts (a list of texts -> one prediction per text, in order), every blank text
-    given as "" (whose prediction is empty), then the chunk's predictions one by one; the next chunk is read only when
-    they have been taken."""
-    for chunk in chunks(texts, chunk_size):
-        for i, text in enumerate(chunk):
-            if not isinstance(text, str):
-                raise TypeError(f"stream() predicts texts (str); got a {type(text).__name__} ({text!r:.40})")
-            if not text.strip():
-                chunk[i] = ""
-        yield from predict(chunk)
-
-
-def load_pipeline(path: str | os.PathLike, device: str | None = None, precision: str = "fp32") -> Pipeline:
-    """The pipeline of the model directory ``path`` (written by ``zhie train``, or its run directory), its task found
-    in the registry by ``zhie.json``: torch models only (:func:`zhie.load`, :func:`zhie.deploy.pipeline.load`, also
-    load exports). For what trains from a saved model (a pre-training segmenter, distillation's teachers)."""
-    from zhie import tasks
-
-    cls = tasks.get(str(read_meta(path).get("task")))
-    task, model = cls.load(path)
-    return cls.pipeline_class(task, model, device, precision)
 
 
 # ------------------------------------------------------------------------------------------------- windows

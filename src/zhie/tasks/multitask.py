@@ -1,24 +1,8 @@
 """Several tasks on one shared encoder: ``zhie train multitask --config FILE [--weighting SCHEME]`` (spec §5).
 
-The config (TOML; YAML too when PyYAML is installed) lists the member tasks and the weighting scheme::
-
-    [weighting]
-    scheme = "real-time"        # `--weighting` overrides it
-    main = "ner"                # main-auxiliary: the main task
-    gamma = 0.5                 # generalised-mean: the exponent γ
-
-    [[tasks]]
-    name = "ner"                # unique: the head's name, the key of its predictions, `zhie eval --task NAME`
-    task = "ner"                # any registered task: ner, cws, re, similarity
-    train = "cluener/train.json"   # relative to the config file
-    dev = "cluener/dev.json"
-    batch_size = 16             # optional; default --batch-size
-    options = {head = "egp", max_length = 128}   # the task's own `zhie train TASK` flags (paths: relative to the file)
-    sampling_weight = 2.0       # optional; sampled steps only (below)
-
-    [sampling]                  # optional
-    mode = "all"                # all (default) | proportional | temperature
-    temperature = 2.0           # temperature: p_i ∝ s_i^(1/T)
+The config file (TOML; YAML too when PyYAML is installed; :mod:`zhie.multitask.config`) lists the member tasks (each
+its name, task, data files, batch size, sampling weight and options), the weighting scheme (``[weighting]``) and how
+steps sample the members (``[sampling]``).
 
 Training, ``mode = "all"`` (the default, and the only mode of the gradient schemes): every step sees every task. The
 loop's items are steps (``batch_size`` 1 for the loop); each step draws one batch from every member at random
@@ -69,10 +53,8 @@ returns per text ``{member name: its prediction}``; sentence-embedding members g
 
 from __future__ import annotations
 
-import argparse
 import math
-import re
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,42 +62,29 @@ import numpy as np
 
 from zhie import tasks
 from zhie.core.text import TextTokenizer
+from zhie.multitask import config as mtconfig
+from zhie.multitask.config import (  # noqa: F401  (those unused here lived here: re-exported)
+    GRADIENT_SPACES,
+    MEMBER_KEYS,
+    NAME,
+    PATH_OPTIONS,
+    SAMPLED_SCHEMES,
+    SAMPLING,
+    SAMPLING_KEYS,
+    SCHEMES,
+    WEIGHTING_KEYS,
+    ConfigError,
+    MemberSpec,
+    MultitaskFile,
+)
 from zhie.tasks import register
-from zhie.tasks.base import Pipeline, Task, WindowedTask
+from zhie.tasks.base import Task, WindowedTask
+from zhie.tasks.pipeline import Pipeline
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from zhie.model import Model
-
-SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
-           "uncertainty")
-MEMBER_KEYS = ("name", "task", "train", "dev", "format", "batch_size", "sampling_weight", "options")
-WEIGHTING_KEYS = ("scheme", "main", "gamma", "initial_batches", "gradients")
-SAMPLING_KEYS = ("mode", "temperature")
-SAMPLING = ("all", "proportional", "temperature")
-SAMPLED_SCHEMES = ("equal", "prior", "real-time", "uncertainty")  # a weight from the member's own loss alone
-GRADIENT_SPACES = ("parameters", "encoder-output")
-PATH_OPTIONS = {"re": ("schema",)}  # member options that name files: relative to the config file
-NAME = re.compile(r"[A-Za-z0-9_-]+")
-
-
-class ConfigError(ValueError):
-    """A bad multi-task config: the message names the file, the member and the key."""
-
-
-@dataclass
-class MemberSpec:
-    """One ``[[tasks]]`` entry of the config, checked."""
-
-    name: str
-    task: str
-    train: str
-    dev: str
-    format: str = "auto"
-    batch_size: int | None = None
-    sampling_weight: float | None = None
-    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -127,168 +96,18 @@ class MemberExamples:
     examples: list
 
 
-def _load_file(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); save it as UTF-8") from None
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(f"{path}: YAML configs need PyYAML, which is not installed; write the config in TOML "
-                              "(a .toml file), or pip install pyyaml") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
-    elif path.suffix == ".toml":
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10: its backport, a dependency there
-            try:
-                import tomli as tomllib
-            except ImportError:
-                raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: not valid TOML: {err}") from None
-    else:
-        raise ConfigError(f"{path}: a multi-task config is a .toml file (or .yaml with PyYAML installed)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a table with [[tasks]] entries, got {type(data).__name__}")
-    return data
-
-
-def _check_options(where: str, cls: type, options: object) -> dict:
-    """``options`` against the task's own ``zhie train TASK`` flags (their names with ``_`` or ``-``, their types
-    and choices); returns them as ``configure`` keywords."""
-    if not isinstance(options, dict):
-        raise ConfigError(f"{where}: options: expected a table of the {cls.name} task's options")
-    parser = argparse.ArgumentParser(add_help=False)
-    cls.add_arguments(parser)
-    actions = {a.dest: a for a in parser._actions}
-    out = {}
-    for key, value in options.items():
-        dest = str(key).replace("-", "_")
-        action = actions.get(dest)
-        if action is None:
-            raise ConfigError(f"{where}: options.{key}: not an option of the {cls.name} task; it has "
-                              f"{', '.join(sorted(actions)) or 'none'}")
-        if isinstance(action, argparse._StoreTrueAction):
-            ok, expected = isinstance(value, bool), "true or false"
-        elif action.choices is not None:
-            ok, expected = value in action.choices, f"one of {', '.join(map(str, action.choices))}"
-        elif action.type in (int, float):
-            ok = isinstance(value, (int, float) if action.type is float else int) and not isinstance(value, bool)
-            expected = "an integer" if action.type is int else "a number"
-        else:
-            ok, expected = isinstance(value, str), "a string"
-        if not ok:
-            raise ConfigError(f"{where}: options.{key}: expected {expected}, got {value!r}")
-        out[dest] = value
-    return out
-
-
-def _positive(value: object, integer: bool = False) -> bool:
-    kinds = int if integer else (int, float)
-    return isinstance(value, kinds) and not isinstance(value, bool) and value > 0
-
-
-def _table(path: Path, data: dict, name: str, keys: tuple[str, ...]) -> dict:
-    """The config's optional ``[name]`` table, checked to be a table of ``keys`` only."""
-    table = data.get(name, {})
-    if not isinstance(table, dict):
-        raise ConfigError(f"{path}: {name}: expected a table with {', '.join(keys)}")
-    for key in table:
-        if key not in keys:
-            raise ConfigError(f"{path}: {name}.{key}: not a key of [{name}]; use {', '.join(keys)}")
-    return table
+def read_file(path: str | Path) -> MultitaskFile:
+    """The multi-task config file ``path``, read and checked once per run (:func:`zhie.multitask.config.read`)."""
+    return mtconfig.read(path, tasks.get)
 
 
 def read_config(path: str | Path) -> tuple[list[MemberSpec], dict]:
     """The members and the ``[weighting]`` table (with ``[sampling]``'s keys added as ``sampling_mode`` and
-    ``sampling_temperature``) of a multi-task config file, checked; paths (``train``, ``dev``, file options such as
-    ``re``'s ``schema``) are made relative to the current directory. Raises :class:`ConfigError` naming the file, the
-    member and the key."""
-    path = Path(path)
-    data = _load_file(path)
-    for key in data:
-        if key not in ("tasks", "weighting", "sampling"):
-            raise ConfigError(f"{path}: {key}: not a key of a multi-task config; it has [[tasks]], [weighting] and "
-                              "[sampling]")
-    entries = data.get("tasks")
-    if not isinstance(entries, list) or len(entries) < 2:
-        raise ConfigError(f"{path}: tasks: a multi-task config needs at least two [[tasks]] entries "
-                          "(train a single task with `zhie train TASK`)")
-    specs: list[MemberSpec] = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: tasks[{i}]: expected a table, got {entry!r}")
-        name = entry.get("name")
-        if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ConfigError(f"{path}: tasks[{i}]: name: expected a name of letters, digits, _ or -, got {name!r}")
-        where = f"{path}: task {name!r}"
-        if any(s.name == name for s in specs):
-            raise ConfigError(f"{where}: name: two tasks are named {name!r}; names must be unique")
-        for key in entry:
-            if key not in MEMBER_KEYS:
-                raise ConfigError(f"{where}: {key}: not a key of a task; use {', '.join(MEMBER_KEYS)}")
-        for key in ("task", "train", "dev"):
-            if not isinstance(entry.get(key), str):
-                raise ConfigError(f"{where}: {key}: missing (expected a string)")
-        try:
-            cls = tasks.get(entry["task"])
-        except ValueError as err:
-            raise ConfigError(f"{where}: task: {err}") from None
-        if not cls.data_flags:
-            raise ConfigError(f"{where}: task: a {cls.name} task cannot be a member")
-        files = {}
-        for key in ("train", "dev"):
-            file = path.parent / entry[key]
-            if not file.exists():
-                raise ConfigError(f"{where}: {key}: {file} does not exist")
-            files[key] = str(file)
-        batch_size = entry.get("batch_size")
-        if batch_size is not None and not _positive(batch_size, integer=True):
-            raise ConfigError(f"{where}: batch_size: expected a positive integer, got {batch_size!r}")
-        sampling_weight = entry.get("sampling_weight")
-        if sampling_weight is not None and not _positive(sampling_weight):
-            raise ConfigError(f"{where}: sampling_weight: expected a positive number, got {sampling_weight!r}")
-        fmt = entry.get("format", "auto")
-        if not isinstance(fmt, str):
-            raise ConfigError(f"{where}: format: expected a string, got {fmt!r}")
-        options = _check_options(where, cls, entry.get("options", {}))
-        for key in PATH_OPTIONS.get(cls.name, ()):
-            if options.get(key) is not None:
-                file = path.parent / options[key]
-                if not file.exists():
-                    raise ConfigError(f"{where}: options.{key}: {file} does not exist")
-                options[key] = str(file)
-        specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size, sampling_weight,
-                                options))
-    weighting = _table(path, data, "weighting", WEIGHTING_KEYS)
-    for key, value in weighting.items():
-        if key == "scheme" and value not in SCHEMES:
-            raise ConfigError(f"{path}: weighting.scheme: {value!r} is not one of {', '.join(SCHEMES)}")
-        if key == "main" and value not in [s.name for s in specs]:
-            raise ConfigError(f"{path}: weighting.main: {value!r} is not the name of a task")
-        if key == "gamma" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise ConfigError(f"{path}: weighting.gamma: expected a number, got {value!r}")
-        if key == "initial_batches" and not _positive(value, integer=True):
-            raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {value!r}")
-        if key == "gradients" and value not in GRADIENT_SPACES:
-            raise ConfigError(f"{path}: weighting.gradients: {value!r} is not one of {', '.join(GRADIENT_SPACES)}")
-    sampling = _table(path, data, "sampling", SAMPLING_KEYS)
-    for key, value in sampling.items():
-        if key == "mode" and value not in SAMPLING:
-            raise ConfigError(f"{path}: sampling.mode: {value!r} is not one of {', '.join(SAMPLING)}")
-        if key == "temperature" and not _positive(value):
-            raise ConfigError(f"{path}: sampling.temperature: expected a positive number, got {value!r}")
-    return specs, {**weighting, **{f"sampling_{k}": v for k, v in sampling.items()}}
+    ``sampling_temperature``) of a multi-task config file, as :func:`read_file` reads them (what this function gave
+    before :class:`~zhie.multitask.config.MultitaskFile`)."""
+    file = read_file(path)
+    given = {**asdict(file.weighting), **{f"sampling_{k}": v for k, v in asdict(file.sampling).items()}}
+    return list(file.members), {k: v for k, v in given.items() if v is not None}
 
 
 @dataclass
@@ -407,9 +226,8 @@ class MultiTask(WindowedTask):
     def read_splits(cls, train_path, dev_path, format: str = "auto", *, config_file, **options):
         if train_path is not None or dev_path is not None:
             raise ValueError("a multi-task run reads its data from the files its --config names, not --train/--dev")
-        specs, _ = read_config(config_file)
         splits = ([], [])
-        for s in specs:
+        for s in read_file(config_file).members:
             member_cls = tasks.get(s.task)
             for split, file in zip(splits, (s.train, s.dev)):
                 split.append(MemberExamples(s.name, s.task, member_cls.read(file, s.format)))
@@ -418,8 +236,7 @@ class MultiTask(WindowedTask):
     @classmethod
     def data_files(cls, train_path, dev_path, *, config_file, **options) -> dict[str, str]:
         """The config file and each member's ``NAME/train`` and ``NAME/dev`` files."""
-        specs, _ = read_config(config_file)
-        return {"config": str(config_file), **{f"{s.name}/{role}": path for s in specs
+        return {"config": str(config_file), **{f"{s.name}/{role}": path for s in read_file(config_file).members
                                                for role, path in (("train", s.train), ("dev", s.dev))}}
 
     @staticmethod
@@ -435,9 +252,9 @@ class MultiTask(WindowedTask):
     @classmethod
     def configure(cls, examples: list[MemberExamples], *, encoder: str, config_file,
                   weighting: str | None = None) -> MultitaskConfig:
-        specs, table = read_config(config_file)
+        file = read_file(config_file)
         members, configs = [], []
-        for s, data in zip(specs, examples):
+        for s, data in zip(file.members, examples):
             member_cls = tasks.get(s.task)
             try:
                 c = member_cls.configure(data.examples, encoder=encoder, **s.options)
@@ -450,12 +267,14 @@ class MultiTask(WindowedTask):
         if len({c.mode for c in spans}) > 1:
             raise ConfigError(f"{config_file}: the span tasks (ner, cws, re) share one encoder pass and must share "
                               f"one mode; they have {', '.join(sorted({c.mode for c in spans}))}")
+        w = file.weighting
+        given = {"weighting": weighting or w.scheme, "main": w.main, "gamma": w.gamma,
+                 "initial_batches": w.initial_batches, "gradients": w.gradients, "sampling": file.sampling.mode,
+                 "temperature": file.sampling.temperature}  # what the file leaves out: MultitaskConfig's defaults
         try:
             return MultitaskConfig(
-                members, weighting=weighting or table.get("scheme", "real-time"), main=table.get("main"),
-                gamma=float(table.get("gamma", 0.5)), initial_batches=table.get("initial_batches", 1),
-                gradients=table.get("gradients", "parameters"), sampling=table.get("sampling_mode", "all"),
-                temperature=float(table.get("sampling_temperature", 1.0)),
+                members, **{k: float(v) if k in ("gamma", "temperature") else v for k, v in given.items()
+                            if v is not None},
                 mode="char" if all(c.mode == "char" for _, c in configs) else "subword",
                 window_mode=spans[0].mode if spans else "char",
                 max_length=min((c.max_length for c in spans), default=256),

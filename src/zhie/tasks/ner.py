@@ -38,7 +38,10 @@ from zhie.core.text import windows
 from zhie.core.words import word_heads, word_ranges, word_spans, word_tags
 from zhie.data import NerExample, read_ner
 from zhie.tasks import register
-from zhie.tasks.base import WindowedTask, check_max_length, pad, rename_weights, sparse_cells
+from zhie.tasks.base import WindowedTask
+from zhie.tasks.batching import pad, sparse_cells
+from zhie.tasks.cli_flags import check_max_length
+from zhie.tasks.modeldir import rename_weights
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -34,7 +34,10 @@ from zhie.data import detect_format, label_studio
 from zhie.data.doccano import read_doccano_relations
 from zhie.data.spo import SpoExample, Triple, read_schema, read_spo
 from zhie.tasks import register
-from zhie.tasks.base import WindowedTask, check_max_length, only_auto_format, rename_weights, sparse_cells
+from zhie.tasks.base import WindowedTask
+from zhie.tasks.batching import sparse_cells
+from zhie.tasks.cli_flags import check_max_length, only_auto_format
+from zhie.tasks.modeldir import rename_weights
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -26,19 +26,11 @@ from zhie.core.decoding import POOLINGS, l2_normalize
 from zhie.core.metrics import spearman
 from zhie.data.sts import Pair, read_pairs
 from zhie.tasks import register
-from zhie.tasks.base import (
-    CHUNK_LINES,
-    Pipeline,
-    Task,
-    add_text_command,
-    check_max_length,
-    input_arrays,
-    model_inputs,
-    only_auto_format,
-    rename_weights,
-    sorted_batches,
-    stream_predictions,
-)
+from zhie.tasks.base import Task
+from zhie.tasks.batching import input_arrays, model_inputs, sorted_batches
+from zhie.tasks.cli_flags import add_text_command, check_max_length, only_auto_format
+from zhie.tasks.modeldir import rename_weights
+from zhie.tasks.pipeline import CHUNK_LINES, Pipeline, stream_predictions
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -28,7 +28,9 @@ from zhie.core.text import TextTokenizer
 from zhie.core.words import word_heads, word_ranges, word_tags
 from zhie.data import NerExample, read_ner
 from zhie.tasks import register
-from zhie.tasks.base import Task, check_max_length, device_of, model_inputs, sorted_batches
+from zhie.tasks.base import Task
+from zhie.tasks.batching import device_of, model_inputs, sorted_batches
+from zhie.tasks.cli_flags import check_max_length
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

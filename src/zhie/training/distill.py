@@ -31,8 +31,11 @@ from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
 from zhie.losses.mtmt import mtmt_loss, sample_pairs, sigmoid_cosine
 from zhie.model import Model
-from zhie.tasks.base import Evaluator, load_pipeline, prepare_encoder, seeded
+from zhie.tasks.base import Evaluator
+from zhie.tasks.batching import seeded
+from zhie.tasks.encoder_prep import prepare_encoder
 from zhie.tasks.ner import NerTask
+from zhie.tasks.pipeline import load_pipeline
 from zhie.tasks.xner import XnerEvaluatorTask, pair_inputs, selected_rows, word_inputs, word_outputs
 
 from .checkpoint import claims_out

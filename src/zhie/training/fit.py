@@ -21,7 +21,9 @@ from zhie.core.files import atomic_write_text
 from zhie.dist import is_main_process
 from zhie.losses import TaskLoss
 from zhie.model import Model
-from zhie.tasks.base import Evaluator, Task, prepare_encoder, seeded
+from zhie.tasks.base import Evaluator, Task
+from zhie.tasks.batching import seeded
+from zhie.tasks.encoder_prep import prepare_encoder
 
 from .checkpoint import claims_out
 from .config import TrainConfig
@@ -46,7 +48,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …; a task whose
     options name its data, ``multitask``'s ``config_file``, needs no ``train_path`` and ``dev_path``);
     ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
-    (:func:`~zhie.tasks.base.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
+    (:func:`~zhie.tasks.encoder_prep.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
     :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
     """
     cls = tasks.get(task) if isinstance(task, str) else task

@@ -1,5 +1,8 @@
 """The training engine: one loop for every job (a task's ``fit``, multi-task, ``distill`` and ``pretrain``).
 
+Over 400 lines: one engine; its session (:class:`_Session`: steps, records, evaluations, checkpoints and exact resume)
+is one state machine whose parts share its state, beside the protocols it runs and a task's job (:func:`train`).
+
 A job hands the engine its model and a :class:`Job`: an objective ``loss_fn(model, batch) -> scalar``, its data as
 this process's batches of each step (:class:`ItemBatches` for a task's encoded items; pre-training's corpus stream),
 its evaluation and the metric to maximise, and its :class:`Output` (where records, checkpoints and the best model go:

@@ -7,8 +7,8 @@ character as zhie's tasks read text, or the tokenizer's ``subword`` tokens), the
 segmenter (``rjieba``, ``jieba``, or a zhie CWS model directory), and **packed**: consecutive lines fill sequences
 of ``max_length`` tokens, ``[CLS] ... [SEP]``, cut at a word boundary (a word longer than a whole sequence is cut
 where it must). At the end of each pass over the corpus the last, shorter sequence is emitted too. Sequences go
-through a **shuffle buffer** of ``shuffle_buffer`` sequences before they are batched, and each batch is masked
-afresh (:func:`zhie.encoders.mlm.mask_tokens`: whole-word or char masking, 15 %, 80/10/10).
+through a **shuffle buffer** of ``shuffle_buffer`` sequences before they are batched (:mod:`zhie.training.corpus`),
+and each batch is masked afresh (:class:`zhie.encoders.mlm.Masker`: whole-word or char masking, 15 %, 80/10/10).
 
 The output directory ``out`` is an encoder directory that ``--encoder`` accepts (``config.json``, safetensors,
 tokenizer files) plus what pre-training needs to go on: ``mlm_head.safetensors`` (the MLM head), ``checkpoint.pt``
@@ -22,8 +22,10 @@ Pre-training is a job on the training engine (:func:`zhie.training.loop.run`): t
 LAMB: AdamW with layer adaptation, no bias correction, GAU-α's recipe, spec §6.3), its linear warm-up (default none
 for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to 0, its precision (``auto``:
 bf16 autocast on CUDA GPUs that have it; weights and the loss stay fp32), checkpoints, records and plot. This module
-gives it the stream of masked batches (:class:`StreamBatches`), the objective (:class:`MaskedLMLoss`), the held-out
-evaluation (:class:`HeldOut`) and the output directory (:class:`Snapshot`).
+holds the settings (:class:`PretrainConfig`), the job (:func:`pretrain`: the checks, the model and its head, the
+engine's :class:`~zhie.training.loop.Job`) and its command; :mod:`zhie.training.pretrain_parts` the job's parts: the
+stream of masked batches (:class:`StreamBatches`), the objective (:class:`MaskedLMLoss`), the held-out evaluation
+(:class:`HeldOut`) and the output directory (:class:`Snapshot`).
 
 Several processes (``torchrun --nproc-per-node N -m zhie pretrain ...``): every process reads the same stream; each
 step's global batch of ``batch_size x N`` sequences is masked as one process would mask it and each process trains on
@@ -38,31 +40,48 @@ import argparse
 import json
 import logging
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch import Tensor, nn
 
-from zhie.core.files import atomic_write_text, recover_dir, replace_dir
-from zhie.data.base import DataError
-from zhie.encoders.mlm import IGNORE, MaskedLM, load_head, mask_tokens, save_head
-from zhie.precision import PRECISIONS, autocast, pick_precision
+from zhie.core.files import recover_dir
+from zhie.encoders.mlm import MaskedLM, Masker, collate, load_head
+from zhie.precision import PRECISIONS, pick_precision
 from zhie.training.checkpoint import claims_out
+from zhie.training.corpus import (
+    MAX_LINE_BYTES,
+    CorpusInfo,
+    Packer,
+    TrainingStream,
+    encode_lines,
+    iter_corpus,
+    make_segmenter,
+    pack,
+    scan_corpus,
+)
+from zhie.training.pretrain_parts import (
+    CHECKPOINT,
+    METRICS,
+    PLOT,
+    SUMMARY,
+    HeldOut,
+    MaskedLMLoss,
+    Snapshot,
+    StreamBatches,
+    held_out,
+)
 
+# the job is here; its parts, re-exported, in zhie.training.corpus, zhie.encoders.mlm and zhie.training.pretrain_parts
 __all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
            "TrainingStream", "add_command", "cmd_pretrain", "encode_lines", "iter_corpus", "pack", "pretrain",
-           "scan_corpus"]
+           "scan_corpus",
+           "CHECKPOINT", "METRICS", "PLOT", "SUMMARY", "MAX_LINE_BYTES", "CorpusInfo", "collate", "held_out",
+           "make_segmenter"]
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-PLOT = "pretraining.png"
-SUMMARY = "pretrain.json"
-MAX_LINE_BYTES = 1 << 20  # a longer "line" is not running text (or not text at all)
 _OWN_ROPE = ("roformer_v2", "gau_alpha")  # RoPE only: no position table that limits the length
 
 
@@ -143,449 +162,6 @@ class PretrainConfig:
 _RESUMABLE_CHANGES = frozenset({"eval_every", "save_every", "precision", "log_every", "report_to"})
 # The settings of the data, which a resumed run must share (the engine compares the others).
 _DATA_SETTINGS = ("max_length", "mask", "mask_rate", "segmenter", "tokens", "keep_tokens", "heldout", "shuffle_buffer")
-
-
-# ------------------------------------------------------------------------------------------------------ corpus
-def iter_corpus(path: str | os.PathLike, offset: int = 0, line: int = 0) -> Iterator[tuple[int, int, str]]:
-    """``(line number, byte offset after the line, text)`` for each line of ``path`` from byte ``offset`` (where
-    line ``line`` ended), streamed. A NUL byte (a binary file), a line that is not UTF-8 or an over-long line raises
-    :class:`DataError` with the file and line."""
-    with open(path, "rb") as f:
-        if offset == 0:  # a NUL byte near the start: a binary file, even if an earlier line is not UTF-8
-            head = f.read(8192)
-            if b"\0" in head:
-                raise DataError(path, head[:head.index(b"\0")].count(b"\n") + 1,
-                                "binary data (a NUL byte): the corpus must be UTF-8 text, one paragraph per line")
-        f.seek(offset)
-        while raw := f.readline(MAX_LINE_BYTES):
-            line += 1
-            if b"\0" in raw:
-                raise DataError(path, line, "binary data (a NUL byte): the corpus must be UTF-8 text, one paragraph "
-                                            "per line")
-            if len(raw) >= MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                raise DataError(path, line, f"a line longer than {MAX_LINE_BYTES} bytes: the corpus must be text with "
-                                            "one paragraph per line")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(path, line, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line); convert "
-                                            "the file to UTF-8 (e.g. iconv -f GB18030 -t UTF-8)") from None
-            if line == 1:
-                text = text.removeprefix("\ufeff")
-            yield line, f.tell(), text.rstrip("\r\n")
-
-
-@dataclass
-class CorpusInfo:
-    """What :func:`scan_corpus` learnt: non-blank lines per file, characters, the distinct characters, and where
-    training starts (file index, byte offset, line) once the held-out lines are skipped."""
-
-    lines: list[int]
-    chars: int
-    charset: set[str]
-    heldout: list[str]
-    start: tuple[int, int, int]
-    sizes: list[int]
-
-
-def scan_corpus(paths: list[Path], heldout: int) -> CorpusInfo:
-    """Read the whole corpus once (streamed) to check it: every file exists, is UTF-8 text and has a non-blank line,
-    and more than ``heldout`` lines remain for training. Raises before anything is written."""
-    if not paths:
-        raise ValueError("no corpus: give one or more text files (--corpus FILE ...)")
-    lines, chars, charset, kept, start = [], 0, set(), [], None
-    for index, path in enumerate(paths):
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such corpus file")
-        if path.is_dir():
-            raise IsADirectoryError(f"{path}: a directory; --corpus takes text files")
-        count = 0
-        for _lineno, offset, text in iter_corpus(path):
-            if not text.strip():
-                continue
-            count += 1
-            chars += len(text)
-            charset.update(text)
-            if len(kept) < heldout:
-                kept.append(text)
-                if len(kept) == heldout:
-                    start = (index, offset, _lineno)
-        if count == 0:
-            raise DataError(path, 1, "no text: the file is empty or blank; a corpus file holds one paragraph per line")
-        lines.append(count)
-    if sum(lines) <= heldout:
-        raise ValueError(f"the corpus has {sum(lines)} non-blank lines and the first {heldout} are held out for "
-                         "evaluation: none is left to train on; lower --heldout or add text")
-    return CorpusInfo(lines, chars, charset, kept, start or (0, 0, 0), [p.stat().st_size for p in paths])
-
-
-# --------------------------------------------------------------------------------------- words, tokens, packing
-def make_segmenter(name: str) -> Callable[[list[str]], list[list[str]]]:
-    """``texts -> words of each text`` (joined, the words give the text back): rjieba, jieba or a zhie CWS model."""
-    if name == "rjieba":
-        try:
-            import rjieba
-        except ImportError:
-            raise ValueError("--segmenter rjieba needs the rjieba package (pip install rjieba), or use "
-                             "--segmenter jieba, a CWS model directory, or --mask char") from None
-        return lambda texts: [rjieba.cut(t) for t in texts]
-    if name == "jieba":
-        try:
-            import jieba
-        except ImportError:
-            raise ValueError("--segmenter jieba needs the jieba package (pip install jieba), or use "
-                             "--segmenter rjieba, a CWS model directory, or --mask char") from None
-        jieba.setLogLevel(60)
-        return lambda texts: [jieba.lcut(t) for t in texts]
-    if Path(name).is_dir():
-        from zhie.tasks.base import load_pipeline
-
-        pipe = load_pipeline(name)
-        if pipe.task.name != "cws":
-            raise ValueError(f"--segmenter {name}: a {pipe.task.name!r} model; a segmenter is a cws model")
-        return lambda texts: pipe.segment(texts, batch_size=64)
-    raise ValueError(f"unknown segmenter {name!r}: use rjieba, jieba or a zhie CWS model directory")
-
-
-def encode_lines(texts: list[str], text_tokenizer, segment: Callable | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each text -> ``(token ids int32, word starts bool)``: a token starts a word when its first character lies in
-    another segmented word than the previous token's (``segment=None``: every token is a word, char masking)."""
-    words = segment(texts) if segment is not None else [None] * len(texts)
-    out = []
-    for text, text_words in zip(texts, words):
-        enc = text_tokenizer(text)
-        ids = np.asarray(enc.ids, dtype=np.int32)
-        if text_words is None:
-            starts = np.ones(len(ids), dtype=bool)
-        else:
-            word_of_char = np.empty(len(text), dtype=np.int64)
-            position = 0
-            for w, word in enumerate(text_words):
-                found = text.find(word, position) if word else position
-                if found < 0:  # a segmenter that normalised the text: keep what is known, one word per char after
-                    word_of_char[position:] = np.arange(w, w + len(text) - position)
-                    position = len(text)
-                    break
-                word_of_char[position:found + len(word)] = w
-                position = found + len(word)
-            word_of_char[position:] = len(text_words) + np.arange(len(text) - position)
-            token_chars = np.minimum(np.asarray(enc.starts, dtype=np.int64), max(len(text) - 1, 0))
-            token_words = word_of_char[token_chars] if len(ids) else word_of_char[:0]
-            starts = np.ones(len(ids), dtype=bool)
-            starts[1:] = token_words[1:] != token_words[:-1]
-        out.append((ids, starts))
-    return out
-
-
-class Packer:
-    """Concatenates lines of tokens and cuts them into sequences of at most ``capacity`` content tokens, at a word
-    start (a word longer than ``capacity`` is cut where it must)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.ids: list[np.ndarray] = []
-        self.starts: list[np.ndarray] = []
-        self.size = 0
-
-    def feed(self, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Add one line; yield the sequences it completes."""
-        if not len(ids):
-            return
-        starts = starts.copy()
-        starts[0] = True  # a line starts a word
-        self.ids.append(ids)
-        self.starts.append(starts)
-        self.size += len(ids)
-        while self.size > self.capacity:
-            ids, starts = np.concatenate(self.ids), np.concatenate(self.starts)
-            candidates = np.flatnonzero(starts[1:self.capacity + 1]) + 1  # cut before a word start
-            cut = int(candidates[-1]) if len(candidates) else self.capacity
-            rest_starts = starts[cut:].copy()
-            rest_starts[0] = True
-            self.ids, self.starts, self.size = [ids[cut:]], [rest_starts], len(ids) - cut
-            yield ids[:cut], starts[:cut]
-
-    def flush(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The unfinished sequence, if any."""
-        if self.size:
-            ids, starts = np.concatenate(self.ids), np.concatenate(self.starts)
-            self.ids, self.starts, self.size = [], [], 0
-            yield ids, starts
-
-    def state_dict(self) -> dict:
-        return {"ids": torch.from_numpy(np.concatenate([np.zeros(0, np.int32), *self.ids])),
-                "starts": torch.from_numpy(np.concatenate([np.zeros(0, bool), *self.starts]))}
-
-    def load_state_dict(self, state: dict) -> None:
-        ids, starts = state["ids"].numpy(), state["starts"].numpy()
-        self.ids, self.starts, self.size = ([ids], [starts], len(ids)) if len(ids) else ([], [], 0)
-
-
-def pack(lines: Iterable[tuple[np.ndarray, np.ndarray]], capacity: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Every sequence :class:`Packer` makes of ``lines``, the last (shorter) one included."""
-    packer = Packer(capacity)
-    for ids, starts in lines:
-        yield from packer.feed(ids, starts)
-    yield from packer.flush()
-
-
-class TrainingStream:
-    """Packed training sequences, endlessly (pass after pass over the corpus, each starting after the held-out
-    lines), through a shuffle buffer. Its whole state (corpus position, packer, buffer, draws) is in
-    :meth:`state_dict`, so a resumed run draws the same sequences."""
-
-    def __init__(self, paths: list[Path], encode: Callable[[list[str]], list], capacity: int, *,
-                 start: tuple[int, int, int], buffer_size: int, seed: int, chunk_lines: int = 64) -> None:
-        self.paths, self.encode, self.start = paths, encode, start
-        self.buffer_size, self.seed, self.chunk_lines = buffer_size, seed, chunk_lines
-        self.packer = Packer(capacity)
-        self.buffer: list[tuple[np.ndarray, np.ndarray]] = []
-        self.file, self.offset, self.line = start
-        self.passes = 0
-        self.draws = 0
-        self.pass_sequences = 0  # sequences made in the current pass
-
-    def _fill(self) -> None:
-        """Read up to ``chunk_lines`` lines, pack them into the buffer; at the end of the corpus, flush and rewind."""
-        texts = []
-        for lineno, offset, text in iter_corpus(self.paths[self.file], self.offset, self.line):
-            self.offset, self.line = offset, lineno
-            if text.strip():
-                texts.append(text)
-                if len(texts) == self.chunk_lines:
-                    break
-        else:  # end of this file
-            self.file, self.offset, self.line = self.file + 1, 0, 0
-        before = len(self.buffer)
-        for ids, starts in self.encode(texts):
-            self.buffer.extend(self.packer.feed(ids, starts))
-        if self.file == len(self.paths):
-            self.buffer.extend(self.packer.flush())
-            self.file, self.offset, self.line = self.start
-            self.passes += 1
-        self.pass_sequences += len(self.buffer) - before
-        if self.file == self.start[0] and self.offset == self.start[1]:
-            if self.pass_sequences == 0:
-                raise ValueError(f"the training part of the corpus ({', '.join(map(str, self.paths))}, after the "
-                                 "held-out lines) has no token the tokenizer keeps")
-            self.pass_sequences = 0
-
-    def __next__(self) -> tuple[np.ndarray, np.ndarray]:
-        while len(self.buffer) < self.buffer_size:
-            self._fill()
-        i = int(np.random.default_rng([self.seed, self.draws]).integers(len(self.buffer)))
-        self.draws += 1
-        self.buffer[i], self.buffer[-1] = self.buffer[-1], self.buffer[i]
-        return self.buffer.pop()
-
-    def __iter__(self) -> TrainingStream:
-        return self
-
-    def state_dict(self) -> dict:
-        lengths = [len(ids) for ids, _ in self.buffer]
-        return {"file": self.file, "offset": self.offset, "line": self.line, "passes": self.passes,
-                "draws": self.draws, "pass_sequences": self.pass_sequences, "packer": self.packer.state_dict(),
-                "buffer_lengths": torch.tensor(lengths, dtype=torch.int64),
-                "buffer_ids": torch.from_numpy(np.concatenate([np.zeros(0, np.int32), *(i for i, _ in self.buffer)])),
-                "buffer_starts": torch.from_numpy(np.concatenate([np.zeros(0, bool), *(s for _, s in self.buffer)]))}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.file, self.offset, self.line = state["file"], state["offset"], state["line"]
-        self.passes, self.draws, self.pass_sequences = state["passes"], state["draws"], state["pass_sequences"]
-        self.packer.load_state_dict(state["packer"])
-        bounds = np.cumsum([0, *state["buffer_lengths"].tolist()])
-        ids, starts = state["buffer_ids"].numpy(), state["buffer_starts"].numpy()
-        self.buffer = [(ids[a:b], starts[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
-def collate(sequences: list[tuple[np.ndarray, np.ndarray]], cls_id: int, sep_id: int, pad_id: int) -> dict[str, Tensor]:
-    """Packed sequences -> ``input_ids`` (``[CLS] ... [SEP]``, padded), ``attention_mask``, ``word_starts`` and
-    ``special`` (special tokens and padding: never masked)."""
-    n = max(len(ids) for ids, _ in sequences) + 2
-    input_ids = torch.full((len(sequences), n), pad_id, dtype=torch.long)
-    word_starts = torch.ones(len(sequences), n, dtype=torch.bool)
-    special = torch.ones(len(sequences), n, dtype=torch.bool)
-    for row, (ids, starts) in enumerate(sequences):
-        k = len(ids)
-        input_ids[row, 0], input_ids[row, k + 1] = cls_id, sep_id
-        input_ids[row, 1:k + 1] = torch.from_numpy(ids.astype(np.int64))
-        word_starts[row, 1:k + 1] = torch.from_numpy(starts)
-        special[row, 1:k + 1] = False
-    attention_mask = torch.zeros_like(input_ids)
-    for row, (ids, _) in enumerate(sequences):
-        attention_mask[row, :len(ids) + 2] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "word_starts": word_starts, "special": special}
-
-
-# ---------------------------------------------------------------------------------------------- the job's parts
-@dataclass
-class Masker:
-    """Packed sequences -> an MLM batch (``input_ids`` masked, ``attention_mask``, ``labels``): :func:`collate`, then
-    :func:`mask_tokens` on a generator seeded from the numbers the caller gives (a step and a batch)."""
-
-    ids: dict           # cls_id, sep_id, pad_id
-    mask_args: dict     # mask_id, random_ids, rate
-
-    def __call__(self, sequences: list[tuple[np.ndarray, np.ndarray]], *seed: int) -> dict[str, Tensor]:
-        batch = collate(sequences, **self.ids)
-        inputs, labels = mask_tokens(batch["input_ids"], batch["word_starts"], batch["special"],
-                                     generator=torch.Generator().manual_seed(_mix(*seed)), **self.mask_args)
-        return {"input_ids": inputs, "attention_mask": batch["attention_mask"], "labels": labels}
-
-
-def _shard(batch: dict[str, Tensor], rank: int, size: int, world: int) -> dict[str, Tensor] | None:
-    """Process ``rank``'s ``size`` rows of a global batch, without the padding they do not need, and ``share``: its
-    part of the batch's predicted tokens times ``world`` (1.0 with one process), so that the mean over the processes
-    of ``loss x share`` is the loss of the whole batch. None when the batch has no row for ``rank``."""
-    rows = slice(rank * size, (rank + 1) * size)
-    if not len(batch["input_ids"][rows]):
-        return None
-    width = int(batch["attention_mask"][rows].sum(1).max())
-    mine = {k: v[rows, :width] for k, v in batch.items()}
-    predicted = int((mine["labels"] != IGNORE).sum())
-    total = int((batch["labels"] != IGNORE).sum())
-    return mine | {"share": torch.tensor(world * predicted / max(total, 1), dtype=torch.float32)}
-
-
-class StreamBatches:
-    """The corpus stream as the engine's batches: each step draws ``grad_accum`` global batches of ``batch_size x
-    processes`` sequences and masks each (seeded by the step and the batch), as one process with that batch size
-    would; this process keeps its rows (:func:`_shard`). Every process reads the same stream, so its state (corpus
-    position, packer, shuffle buffer) is one and the checkpoint holds it once; ``tokens`` counts the non-padding
-    tokens of the global batches."""
-
-    steps_per_epoch = None
-    epoch_end = False
-
-    def __init__(self, stream: TrainingStream, masker: Masker, config: PretrainConfig, world: int, rank: int) -> None:
-        self.stream, self.masker, self.config, self.world, self.rank = stream, masker, config, world, rank
-        self.tokens = 0
-
-    def draw(self, step: int) -> list[dict[str, Tensor]]:
-        batches = []
-        for micro in range(self.config.grad_accum):
-            sequences = [next(self.stream) for _ in range(self.config.batch_size * self.world)]
-            batch = self.masker(sequences, self.config.seed, step, micro)
-            self.tokens += int(batch["attention_mask"].sum())
-            batches.append(_shard(batch, self.rank, self.config.batch_size, self.world))
-        return batches
-
-    def position(self) -> dict:
-        return {"tokens": self.tokens}
-
-    def state_dict(self) -> dict:
-        return {"stream": self.stream.state_dict(), "tokens": self.tokens}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.stream.load_state_dict(state["stream"])
-        self.tokens = state["tokens"]
-
-
-class MaskedLMLoss(nn.Module):
-    """The objective: the batch's MLM loss times its ``share`` (:func:`_shard`). It also counts the predicted tokens
-    and the correct ones for the record's ``train_accuracy``, summed over the processes at each batch (two numbers),
-    so the counts are the same in every process and the checkpoint keeps them once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tally = torch.zeros(2, dtype=torch.float64)  # correct, predicted (an attribute: DDP broadcasts buffers)
-
-    def forward(self, model: MaskedLM, batch: dict[str, Tensor]) -> Tensor:
-        from zhie.dist import all_reduce_sum
-
-        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
-        counts = torch.stack([output.correct, output.count]).double()
-        self.tally = self.tally.to(counts.device) + all_reduce_sum(counts)
-        return output.loss * batch["share"]
-
-    def log(self) -> dict:
-        """``train_accuracy`` since the last call."""
-        correct, predicted = self.tally.tolist()
-        self.tally = torch.zeros_like(self.tally)
-        return {"train_accuracy": correct / max(predicted, 1)}
-
-    def get_extra_state(self) -> dict:
-        return {"tally": self.tally.cpu()}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.tally = state["tally"]
-
-
-class HeldOut:
-    """The held-out evaluation: the first ``heldout`` lines, packed and masked once into global batches as in
-    training; each process evaluates its rows of every batch and the sums are added over the processes, so N processes
-    take 1/N of the time and report what one would."""
-
-    def __init__(self, batches: list[dict[str, Tensor]], precision: str) -> None:
-        self.batches, self.precision = batches, precision
-
-    def __call__(self, model: MaskedLM) -> dict:
-        from zhie.dist import all_reduce_sum
-
-        device = next(model.parameters()).device
-        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, predicted: no sync per batch
-        with autocast(self.precision, device):
-            for batch in self.batches:
-                output = model(**{k: batch[k].to(device) for k in ("input_ids", "attention_mask", "labels")})
-                sums += torch.stack([output.loss.double() * output.count, output.correct.double(),
-                                     output.count.double()])
-        loss, correct, count = all_reduce_sum(sums).tolist()
-        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "predicted": int(count)}
-
-
-def held_out(texts: list[str], encode, masker: Masker, config: PretrainConfig, world: int, rank: int,
-             precision: str) -> HeldOut | None:
-    """:class:`HeldOut` on ``texts`` in global batches of ``batch_size x processes`` sequences, this process's rows
-    of each; None without held-out text."""
-    sequences = list(pack(encode(texts), config.max_length - 2)) if texts else []
-    size = config.batch_size * world
-    batches = [_shard(masker(sequences[k:k + size], config.seed, 1 << 30, k), rank, config.batch_size, world)
-               for k in range(0, len(sequences), size)]
-    return HeldOut([b for b in batches if b is not None], precision) if sequences else None
-
-
-class Snapshot:
-    """The output directory, replaced as a whole at every save (:func:`zhie.core.files.replace_dir`): the encoder
-    directory, the MLM head, the checkpoint, the records, the summary and the plot of one moment. The trackers write
-    beside it, in ``<out>-logs`` (their files are written as they go, never replaced)."""
-
-    def __init__(self, out: Path, model: MaskedLM, tokenizer, summary: dict, say: Callable[[str], None]) -> None:
-        self.out, self.model, self.tokenizer, self.summary, self.say = out, model, tokenizer, summary, say
-        self.checkpoint_path = out / CHECKPOINT
-        self.logging_dir = out.with_name(f"{out.name}-logs")
-
-    def start(self, resumed: bool, step: int, history: list[dict]) -> None:
-        if resumed:
-            self.say(f"resuming {self.out} at step {step} of {self.summary['config']['steps']}")
-
-    def log(self, record: dict, history: list[dict]) -> None:
-        self.say(json.dumps(record, ensure_ascii=False))
-
-    def save(self, checkpoint: dict, history: list[dict]) -> None:
-        from zhie import encoders
-        from zhie.training.report import plot_history, write_jsonl
-
-        progress = checkpoint["progress"]
-        summary = self.summary | {"step": progress["step"], "tokens": checkpoint["data"]["tokens"],
-                                  "finished": progress["finished"],
-                                  "last": next((r for r in reversed(history) if r["kind"] == "eval"), None)}
-
-        def write(directory: Path) -> None:
-            with encoders.quiet_transformers():
-                self.model.encoder.save_pretrained(directory, safe_serialization=True)
-                self.tokenizer.save_pretrained(directory)
-            save_head(self.model.head, directory)
-            torch.save(checkpoint, directory / CHECKPOINT)
-            write_jsonl(directory / METRICS, history)
-            atomic_write_text(directory / SUMMARY, json.dumps(summary, ensure_ascii=False, indent=2))
-            if history:
-                plot_history(history, directory / PLOT, "accuracy")
-
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        replace_dir(self.out, write)
-
-    def save_best(self, model: MaskedLM) -> None:
-        """Nothing: the snapshot holds the model."""
 
 
 # ----------------------------------------------------------------------------------------------------- running
@@ -740,11 +316,12 @@ def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], in
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
-    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does (:func:`zhie.tasks.base.kept_token_ids`):
-    ``auto`` keeps CJK, ASCII and the corpus's characters for vocabularies over 50,000 tokens (e5-small: 250k -> about
-    20k rows, so each step is far cheaper), ``all`` keeps everything; the head's output bias follows the rows."""
+    """Prune the vocabulary (char mode) as ``zhie train --keep-tokens`` does
+    (:func:`zhie.tasks.encoder_prep.kept_token_ids`): ``auto`` keeps CJK, ASCII and the corpus's characters for
+    vocabularies over 50,000 tokens (e5-small: 250k -> about 20k rows, so each step is far cheaper), ``all`` keeps
+    everything; the head's output bias follows the rows."""
     from zhie import encoders
-    from zhie.tasks.base import kept_token_ids
+    from zhie.tasks.encoder_prep import kept_token_ids
 
     ids = kept_token_ids(tokenizer, config.keep_tokens, charset) if config.tokens == "char" else None
     if ids is None:
@@ -757,12 +334,6 @@ def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str]
     say(f"vocabulary pruned by --keep-tokens {config.keep_tokens}: {before} -> {len(tokenizer)} tokens (--keep-tokens "
         "all keeps every token)")
     return enc, tokenizer
-
-
-def _mix(*numbers: int) -> int:
-    """A 63-bit seed from several integers (numpy's SeedSequence), for per-batch generators."""
-    return int(np.random.SeedSequence(list(numbers)).generate_state(2, np.uint64)[0] >> np.uint64(1))
-
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from zhie.core import card
 from zhie.core.files import atomic_write_text
-from zhie.tasks.base import META_FILE
+from zhie.tasks.modeldir import META_FILE
 
 __all__ = ["file_facts", "finish", "machine", "now", "run_record", "saver"]
 

@@ -38,7 +38,10 @@ from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
 from zhie.model import Ensemble, Model
-from zhie.tasks.base import Evaluator, Pipeline, load_pipeline, resolve_model_dir, seeded, sorted_batches
+from zhie.tasks.base import Evaluator
+from zhie.tasks.batching import seeded, sorted_batches
+from zhie.tasks.modeldir import resolve_model_dir
+from zhie.tasks.pipeline import Pipeline, load_pipeline
 
 from .checkpoint import claims_out
 from .config import TrainConfig
