@@ -52,13 +52,15 @@ def test_a_task_s_flags_are_its_config_s_option_fields_with_their_defaults(cls):
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_configure_with_no_flag_given_makes_the_config_s_defaults(name):
+def test_configure_with_no_option_given_makes_the_config_s_defaults(name):
+    """From the command line (every flag at its default) and from Python (no option given)."""
     cls = tasks.get(name)
     args = build_parser().parse_args(required(cls))
-    config = cls.configure(EXAMPLES[name], encoder="tiny", **{dest: getattr(args, dest) for dest in args.task_options})
     derived = {"ner": {"labels": ["PER"]}, "cws": {}, "re": {"predicates": ["生于"]},
                "similarity": {"label_max": 1.0}, "xner-evaluator": {"tags": ["O", "B-PER", "I-PER"]}}[name]
-    assert config == cls.config_class(**derived)
+    flags = {dest: getattr(args, dest) for dest in args.task_options}
+    for options in (flags, {}):
+        assert cls.configure(EXAMPLES[name], encoder="tiny", **options) == cls.config_class(**derived)
 
 
 def test_ner_s_mode_word_is_subword_tokens_tagged_by_word():
