@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from zhie import tasks
-from zhie.cli import build_parser
+from zhie.cli import build_parser, expand_run_config
 from zhie.core.options import add_flags, check_options, option, option_fields, values_from_flags
 from zhie.core.spans import Span
 from zhie.data import NerExample
@@ -17,11 +17,18 @@ from zhie.data.spo import SpoExample, Triple
 from zhie.data.sts import Pair
 from zhie.training import TrainConfig
 from zhie.training.config import config_from_flags
+from zhie.training.record import RUN_CONFIG, write_run_config
 
 OWN_TASKS = sorted({tasks.get(name) for name in tasks.MODULES}, key=lambda cls: cls.name)
 # zhie train TASK's flags that are no config field, and why: re's --schema names the file its predicates come from,
 # similarity's --prefix follows the encoder when not given; multitask's options name its config file
 NOT_FIELDS = {"re": {"schema"}, "similarity": {"prefix"}, "multitask": {"config_file", "weighting"}}
+FLAGS = {"ner": ["--head", "--mode", "--max-length", "--flatten", "--crf-lr-multiplier", "--no-gp-prior-init"],
+         "cws": ["--head", "--max-length", "--crf-lr-multiplier"],
+         "re": ["--schema", "--head", "--variant", "--max-length"],
+         "similarity": ["--loss", "--pooling", "--max-length", "--prefix"],
+         "xner-evaluator": ["--max-length", "--pairs", "--no-balance", "--dev-pairs"],
+         "multitask": ["--config", "--weighting"]}
 PER = Span(0, 2, "PER", "张三")
 # one training example per task, for configure: the config's fields derived from the data
 EXAMPLES = {"ner": [NerExample("张三来了", [PER])], "cws": [NerExample("张三来了", [])],
@@ -49,6 +56,9 @@ def test_a_task_s_flags_are_its_config_s_option_fields_with_their_defaults(cls):
     for f in declared:
         assert getattr(args, f.name) == f.default, f"zhie train {cls.name}: --{f.name} defaults to another value"
     assert set(args.task_options) == {f.name for f in declared} | NOT_FIELDS.get(cls.name, set())
+    own = argparse.ArgumentParser(add_help=False)
+    cls.add_arguments(own)
+    assert [name for a in own._actions for name in a.option_strings] == FLAGS[cls.name]  # the names users type
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -61,6 +71,24 @@ def test_configure_with_no_option_given_makes_the_config_s_defaults(name):
     flags = {dest: getattr(args, dest) for dest in args.task_options}
     for options in (flags, {}):
         assert cls.configure(EXAMPLES[name], encoder="tiny", **options) == cls.config_class(**derived)
+
+
+@pytest.mark.parametrize("cls", OWN_TASKS, ids=lambda cls: cls.name)
+def test_zhie_train_config_gives_a_run_s_options_back(cls, tmp_path):
+    """A run's config.toml (as zhie.fit writes it), with the task's switches as they default and each turned, reruns
+    with the same options."""
+    own = argparse.ArgumentParser(add_help=False)
+    cls.add_arguments(own)
+    parser = build_parser()
+    for switches in ([], [a.option_strings[0] for a in own._actions if a.nargs == 0]):
+        args = parser.parse_args([*required(cls), *switches])
+        data = {"train": "a", "dev": "b"} if cls.data_flags else {}
+        options = {dest: getattr(args, dest) for dest in args.task_options}
+        write_run_config(tmp_path, {"task": cls.name, **data, "out": "c",
+                                    "training": values_from_flags(args, TrainConfig), cls.name: options})
+        again = parser.parse_args(expand_run_config(["train", "--config", str(tmp_path / RUN_CONFIG)]))
+        assert {dest: getattr(again, dest) for dest in again.task_options} == options
+        assert config_from_flags(again) == config_from_flags(args)
 
 
 def test_ner_s_mode_word_is_subword_tokens_tagged_by_word():
