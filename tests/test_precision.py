@@ -113,4 +113,4 @@ def test_train_flags_precision_and_the_deprecated_alias(capsys):
     args = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c", "--mixed-precision", "no"])
     assert args.precision == "fp32" and "deprecated" in capsys.readouterr().err
     default = parser.parse_args(["train", "ner", "--train", "a", "--dev", "b", "--out", "c"])
-    assert default.precision is None and config_from_flags(default).precision == "fp32"  # TrainConfig's default
+    assert default.precision == TrainConfig.precision == config_from_flags(default).precision == "fp32"  # its default

@@ -16,6 +16,7 @@ from torch import nn
 import zhie
 from zhie import demo, tasks
 from zhie.cli import build_parser, main
+from zhie.core.options import option
 from zhie.data import write_ner_jsonl
 from zhie.data.base import DataError, iter_lines
 from zhie.heads import Pooling
@@ -39,7 +40,7 @@ class Classifier(nn.Module):
 @dataclass
 class ClassifyConfig:
     labels: list[str]
-    max_length: int = 64
+    max_length: int = option(64, "tokens per text, special tokens included")
     mode: str = "subword"
 
 
@@ -66,10 +67,6 @@ class ClassifyTask(Task):
     metric = "accuracy"
 
     @classmethod
-    def add_arguments(cls, parser) -> None:
-        parser.add_argument("--max-length", type=int, default=64)
-
-    @classmethod
     def read(cls, path, format="auto"):
         examples = []
         for lineno, line in iter_lines(path):
@@ -80,8 +77,8 @@ class ClassifyTask(Task):
         return examples
 
     @classmethod
-    def configure(cls, examples, *, encoder, max_length=64):
-        return ClassifyConfig(sorted({ex.label for ex in examples}), max_length)
+    def configure(cls, examples, *, encoder, **options):
+        return ClassifyConfig(sorted({ex.label for ex in examples}), **options)
 
     def build_heads(self, hidden_size):
         return {self.head_name: Classifier(hidden_size, len(self.config.labels))}

@@ -45,12 +45,12 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
     p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
                    help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
     p.add_argument("--mixed-precision", dest="precision", action=_MixedPrecision, choices=["no", "fp16", "bf16"],
-                   help="deprecated: use --precision (no = fp32)")
+                   default=argparse.SUPPRESS, help="deprecated: use --precision (no = fp32)")  # --precision's default
     p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     from zhie.training.config import add_train_flags
 
-    add_train_flags(p)  # TrainConfig's fields, each with its help (zhie.training.config.option)
+    add_train_flags(p)  # TrainConfig's fields, each with its help and default (zhie.core.options.option)
 
 
 def _watch_flags(p: argparse.ArgumentParser, where: str) -> argparse.ArgumentParser:

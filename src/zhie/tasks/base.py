@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from zhie.core.options import add_flags
 from zhie.core.text import Encoding, TextTokenizer, reporting_window, windows
 from zhie.tasks.batching import (
     chunks,
@@ -104,6 +105,8 @@ class Task:
     pipeline_class: ClassVar[type] = Pipeline  # what zhie.load returns
     base_lr: ClassVar[float] = 2e-4        # the default encoder learning rate at 384 wide, scaled to the encoder's
                                            # width by zhie.training.config.default_lr (heads: 10x)
+    option_names: ClassVar[tuple[str, ...] | None] = None  # the option fields of config_class that are flags of
+                                           # `zhie train NAME` (zhie.core.options.option); None: all of them
 
     def __init__(self, config, tokenizer) -> None:
         self.config = config
@@ -114,7 +117,10 @@ class Task:
     # ---------------------------------------------------------------------------------------- data and config
     @classmethod
     def add_arguments(cls, parser: argparse._ActionsContainer) -> None:
-        """The task's own flags of ``zhie train NAME``; their ``dest`` names are the keywords of ``configure``."""
+        """The task's own flags of ``zhie train NAME``; their ``dest`` names are the keywords of ``configure``. By
+        default the option fields of ``config_class`` (:func:`zhie.core.options.option`; those of ``option_names``),
+        each defaulting to its field's default."""
+        add_flags(parser, cls.config_class, cls.option_names)
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list:

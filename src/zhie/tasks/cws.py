@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhie.core.metrics import segmentation_prf
+from zhie.core.options import check_options, option
 from zhie.core.spans import Span
 from zhie.data import NerExample, label_studio
 from zhie.data.cws import read_segmented
@@ -24,6 +26,16 @@ from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
 from zhie.tasks.pipeline import Pipeline
 
 VOCAB_FILE = "train_words.txt"
+
+
+@dataclass
+class CwsConfig(NerConfig):
+    """A segmenter's :class:`NerConfig`: the one label ``""`` (a word), BMES tags over characters, a tagger head."""
+
+    labels: list[str] = field(default_factory=lambda: [""])
+    head: str = option("crf", "the tagger: crf (Viterbi over BMES-constrained transitions) or softmax",
+                       choices=TAGGER_HEADS)
+    scheme: str = "BMES"
 
 
 def partition(text: str, spans: list[Span]) -> list[Span]:
@@ -79,19 +91,14 @@ class CwsTask(NerTask):
 
     name = "cws"
     help = "Chinese word segmentation (crf, softmax heads; BMES tags)"
+    config_class = CwsConfig
+    option_names = ("head", "max_length", "crf_lr_multiplier")  # characters, flat words: no --mode, --flatten
     output_key = "words"
     pipeline_class = SegmenterPipeline
 
     def __init__(self, config: NerConfig, tokenizer):
         super().__init__(config, tokenizer)
         self.train_vocab: set[str] = set()
-
-    @classmethod
-    def add_arguments(cls, parser) -> None:
-        parser.add_argument("--head", default="crf", choices=TAGGER_HEADS)
-        parser.add_argument("--max-length", type=int, default=256, help="tokens per piece, [CLS] and [SEP] included")
-        parser.add_argument("--crf-lr-multiplier", type=float, default=100.0,
-                            help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
@@ -102,10 +109,11 @@ class CwsTask(NerTask):
         return read_segmented(path)
 
     @classmethod
-    def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "crf", max_length: int = 256,
-                  crf_lr_multiplier: float = 100.0) -> NerConfig:
-        return NerConfig([""], head=head, mode="char", max_length=check_max_length(max_length), scheme="BMES",
-                         crf_lr_multiplier=crf_lr_multiplier)
+    def configure(cls, examples: list[NerExample], *, encoder: str, **options) -> CwsConfig:
+        """The config of ``options``, the flags of ``zhie train cws`` (:data:`option_names`)."""
+        config = CwsConfig(**check_options(CwsConfig, options, cls.option_names))
+        check_max_length(config.max_length)
+        return config
 
     def split_long(self, examples: list[NerExample]) -> list[NerExample]:
         """Cut sentences at word boundaries into pieces of at most ``max_length - 2`` characters.

@@ -12,6 +12,9 @@ Heads (spec §1, §2, §8), in two families with one output type each:
   :mod:`zhie.core.words`) — one BIO tag per whitespace-separated word, on its first sub-word; the other sub-words and
   the special tokens carry no loss and no prediction (spec §10.2, the MTMT recogniser and student).
 
+Heads are found by name in a registry (:func:`register_head`, :data:`NER_HEADS`), so that a plug-in adds one, of
+either output type, without editing the task; ``HEADS``, ``SPAN_HEADS`` and ``TAGGER_HEADS`` name the registered ones.
+
 Token positions: model inputs are ``[CLS] content [SEP]``; content token ``t`` sits at position ``t + 1``.
 Texts longer than ``max_length`` are cut into windows overlapping by ``overlap`` tokens (training: every window is
 an example, for the taggers cut between entities; prediction: each entity is reported by the window that contains
@@ -26,13 +29,16 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
+from zhie.core.options import check_options, option
 from zhie.core.spans import BatchTagDecoder, Span, spans_to_tags
 from zhie.core.text import windows
 from zhie.core.words import word_heads, word_ranges, word_spans, word_tags
@@ -46,38 +52,141 @@ from zhie.tasks.modeldir import rename_weights
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
-SPAN_HEADS = ("gp", "egp")
-TAGGER_HEADS = ("crf", "softmax")
-HEADS = ("softmax", "crf", "gp", "egp")
+# ------------------------------------------------------------------------------------------------- the head registry
+HEAD_OUTPUTS = ("span", "tag")
+HEAD_GROUP = "zhie.ner_heads"  # the entry-point group of a package's heads (a module that calls register_head)
 
 
+@dataclass(frozen=True)
+class NerHead:
+    """A head of the ner task (and of cws's taggers), named by ``--head NAME``: what builds it and how its output is
+    read. ``output``: ``"span"``, span logits ``[b, types, n, n]`` (:class:`SpanLabels`), or ``"tag"``, emissions
+    ``[b, n, tags]`` over ``config.tags`` (:class:`TagLabels`)."""
+
+    output: str
+    build: Callable[[NerConfig, int], nn.Module]  # (config, the encoder's width) -> the module; imports torch inside
+    crf: bool = False  # a tag head decoded by Viterbi over its CRF's transitions (its weights "crf.*"), not by argmax
+
+
+NER_HEADS: dict[str, NerHead] = {}
+_heads_discovered = False
+
+
+def register_head(name: str, output: str, build: Callable[[NerConfig, int], nn.Module], crf: bool = False) -> NerHead:
+    """Make ``--head name`` (``NerConfig.head``) build its module with ``build(config, hidden_size)``; ``output`` and
+    ``crf`` as in :class:`NerHead`. A package's heads are found through the ``zhie.ner_heads`` entry points, modules
+    that call this."""
+    if output not in HEAD_OUTPUTS:
+        raise ValueError(f"head {name!r}: output {output!r} is not one of {', '.join(HEAD_OUTPUTS)}")
+    head = NerHead(output, build, crf)
+    if NER_HEADS.get(name, head) != head:
+        raise ValueError(f"NER head name {name!r} is taken")
+    NER_HEADS[name] = head
+    return head
+
+
+def ner_head(name: str) -> NerHead:
+    """The head registered as ``name`` (looking through the ``zhie.ner_heads`` entry points for one not yet known)."""
+    if name not in NER_HEADS:
+        _discover_heads()
+    if name not in NER_HEADS:
+        raise ValueError(f"unknown head {name!r}; choose one of {', '.join(NER_HEADS)}")
+    return NER_HEADS[name]
+
+
+def _discover_heads() -> None:
+    global _heads_discovered
+    if not _heads_discovered:
+        _heads_discovered = True
+        for entry in entry_points(group=HEAD_GROUP):
+            entry.load()
+
+
+class HeadNames:
+    """The names of the registered heads (of one ``output``; None: all), in the order they were registered: a live
+    view, so that a head registered later is a choice of ``--head`` and ``in`` it."""
+
+    def __init__(self, output: str | None = None) -> None:
+        self.output = output
+
+    def __iter__(self) -> Iterator[str]:
+        _discover_heads()
+        return iter([name for name, head in NER_HEADS.items() if self.output in (None, head.output)])
+
+    def __contains__(self, name: object) -> bool:
+        return name in list(self)
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+def _softmax(config: NerConfig, hidden_size: int) -> nn.Module:
+    from zhie.heads import SoftmaxTagger
+
+    return SoftmaxTagger(hidden_size, len(config.tags), dropout=config.dropout)
+
+
+def _crf(config: NerConfig, hidden_size: int) -> nn.Module:
+    from zhie.heads import CrfTagger
+
+    return CrfTagger(hidden_size, config.tags, config.scheme, dropout=config.dropout,
+                     lr_multiplier=config.crf_lr_multiplier)
+
+
+def _global_pointer(config: NerConfig, hidden_size: int) -> nn.Module:
+    from zhie.heads import GlobalPointer
+
+    return GlobalPointer(hidden_size, len(config.labels), head_size=config.head_size, mask_special=True)
+
+
+def _efficient_global_pointer(config: NerConfig, hidden_size: int) -> nn.Module:
+    from zhie.heads import EfficientGlobalPointer
+
+    return EfficientGlobalPointer(hidden_size, len(config.labels), head_size=config.head_size, mask_special=True)
+
+
+register_head("softmax", "tag", _softmax)
+register_head("crf", "tag", _crf, crf=True)
+register_head("gp", "span", _global_pointer)
+register_head("egp", "span", _efficient_global_pointer)
+HEADS, SPAN_HEADS, TAGGER_HEADS = HeadNames(), HeadNames("span"), HeadNames("tag")
+
+
+# ------------------------------------------------------------------------------------------------- the config
 @dataclass
 class NerConfig:
     labels: list[str]
-    head: str = "gp"
-    mode: str = "char"
-    max_length: int = 256
+    head: str = option("gp", "span heads gp and egp (nested entities), taggers crf and softmax; a plug-in adds its own "
+                             "(zhie.tasks.ner.register_head)", choices=HEADS)
+    # --mode word is no config mode: it stands for sub-word tokens with words=True (NerTask.configure maps it)
+    mode: str = option("char", "char: one token per character (Chinese); subword: the tokenizer's own tokens; word: "
+                               "one tag per space-separated word, on its first sub-word (--head softmax)",
+                       choices=("char", "subword", "word"))
+    max_length: int = option(256, "tokens per window, [CLS] and [SEP] included")
     overlap: int = 32
     head_size: int = 64
     dropout: float = 0.1
     scheme: str = "BIO"  # tagger heads: BIO for entities, BMES for word segmentation
-    flatten: bool = False  # taggers: keep the outermost of nested training entities instead of refusing them
-    crf_lr_multiplier: float = 100.0  # the CRF transitions learn at the encoder lr times this (spec §8.1)
-    gp_prior_init: bool = True  # gp: start each type's cells at its prior logit (issue 17); False = bert4keras's zero
+    flatten: bool = option(False, "crf/softmax heads: keep the outermost of nested entities instead of refusing")
+    crf_lr_multiplier: float = option(100.0, "the CRF transitions learn at --lr times this (spec: >= 100x the "
+                                             "encoder's rate)")
+    gp_prior_init: bool = option(True, "gp: start the span logits at 0 as bert4keras does (how the GP rows of "
+                                       "RESULTS.md before 2026-11-23 were trained) instead of at each type's prior "
+                                       "logit (issue 17)")
     words: bool = False  # one tag per word on its first sub-word (--mode word: subword tokens, softmax head)
     # gp/egp decoding: at most this many spans per window (the highest scores). An early or diverged model scores most
     # of the n² cells above 0, and each would become a span; real data stays far below.
     max_spans: int = 1024
 
     def __post_init__(self):
-        if self.head not in HEADS:
-            raise ValueError(f"unknown head {self.head!r}; choose one of {', '.join(HEADS)}")
+        head = ner_head(self.head)  # an unknown head: the error names the registered ones
         if self.words and (self.head != "softmax" or self.mode != "subword"):
             raise ValueError(f"word-level tagging (--mode word) needs the softmax head, got --head {self.head}")
         if not self.labels:
             raise ValueError("no entity types: the training data has no entities")
-        if self.scheme not in ("BIO", "BMES") or (self.scheme == "BMES" and self.head in SPAN_HEADS):
-            raise ValueError(f"scheme {self.scheme!r} with head {self.head!r}: use BIO, or BMES with crf/softmax")
+        if self.scheme not in ("BIO", "BMES") or (self.scheme == "BMES" and head.output == "span"):
+            raise ValueError(f"scheme {self.scheme!r} with head {self.head!r}: use BIO, or BMES with a tagger "
+                             f"({', '.join(TAGGER_HEADS)})")
 
     @property
     def tags(self) -> list[str]:
@@ -120,10 +229,9 @@ class SpanLabels:
         self.prior_logits: list[float] | None = None  # set by NerTask.encode from the training windows
 
     def build_head(self, hidden_size: int) -> nn.Module:
-        from zhie.heads import EfficientGlobalPointer, GlobalPointer
+        from zhie.heads import GlobalPointer
 
-        cls = GlobalPointer if self.config.head == "gp" else EfficientGlobalPointer
-        head = cls(hidden_size, len(self.config.labels), head_size=self.config.head_size, mask_special=True)
+        head = ner_head(self.config.head).build(self.config, hidden_size)
         if isinstance(head, GlobalPointer) and self.prior_logits is not None and self.config.gp_prior_init:
             head.init_offsets(self.prior_logits)  # start at the prior, not at 0 (issue 17: else GP may collapse)
         return head
@@ -193,6 +301,7 @@ class TagLabels:
 
     def __init__(self, config: NerConfig) -> None:
         self.config = config
+        self.crf = ner_head(config.head).crf  # decoded by Viterbi over the head's transitions (else argmax)
         self.tag_index = {tag: i for i, tag in enumerate(config.tags)}
         self.label_index = {label: i for i, label in enumerate(config.labels)}
         self.spans = BatchTagDecoder(config.tags, config.scheme)
@@ -200,12 +309,7 @@ class TagLabels:
         self.constraints = decoding.CONSTRAINTS[config.scheme](config.tags)
 
     def build_head(self, hidden_size: int) -> nn.Module:
-        from zhie.heads import CrfTagger, SoftmaxTagger
-
-        c = self.config
-        if c.head == "crf":
-            return CrfTagger(hidden_size, c.tags, c.scheme, dropout=c.dropout, lr_multiplier=c.crf_lr_multiplier)
-        return SoftmaxTagger(hidden_size, len(c.tags), dropout=c.dropout)
+        return ner_head(self.config.head).build(self.config, hidden_size)
 
     def cuts(self, n: int, spans: list[tuple[int, int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
         """Windows that end between entities: a cut entity's tokens would be learnt as O (only an entity longer
@@ -241,7 +345,7 @@ class TagLabels:
         from zhie.multitask.priors import crf_prior, softmax_tagging_prior
 
         tags = [it.tags for it in items]
-        return crf_prior(tags) if self.config.head == "crf" else softmax_tagging_prior(tags)
+        return crf_prior(tags) if self.crf else softmax_tagging_prior(tags)
 
     def soft_targets(self, emissions: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
         """Each row's emissions over its own tokens (special ones included), fp16 (the temperature acts in the loss)."""
@@ -273,7 +377,7 @@ class TagLabels:
         ``weights``, the head's), or each token's argmax (softmax); spans for the whole batch in numpy."""
         lengths = attention_mask.sum(1) - 2
         emissions = emissions[:, 1:]
-        if self.config.head == "crf":
+        if self.crf:
             trans, start, end = decoding.constrained(weights["crf.transitions"], weights.get("crf.start_transitions"),
                                                      weights.get("crf.end_transitions"), self.constraints)
             paths, _ = decoding.viterbi(emissions, lengths, trans, start, end)
@@ -352,7 +456,8 @@ class NerTask(WindowedTask):
 
     def __init__(self, config: NerConfig, tokenizer):
         super().__init__(config, tokenizer)
-        labeling = WordLabels if config.words else SpanLabels if config.head in SPAN_HEADS else TagLabels
+        self.head_spec = ner_head(config.head)  # what builds the head and how its output is read
+        labeling = WordLabels if config.words else SpanLabels if self.head_spec.output == "span" else TagLabels
         self.labeling = labeling(config)
         self.cut_at_right_edge = self.labeling.cut_at_right_edge
         self.label_index = {label: i for i, label in enumerate(config.labels)}
@@ -360,42 +465,28 @@ class NerTask(WindowedTask):
 
     # --------------------------------------------------------------------------------------- data and config
     @classmethod
-    def add_arguments(cls, parser) -> None:
-        parser.add_argument("--head", default="gp", choices=HEADS)
-        parser.add_argument("--mode", default="char", choices=["char", "subword", "word"],
-                            help="char: one token per character (Chinese); subword: the tokenizer's own tokens; "
-                                 "word: one tag per space-separated word, on its first sub-word (--head softmax)")
-        parser.add_argument("--max-length", type=int, default=256,
-                            help="tokens per window, [CLS] and [SEP] included")
-        parser.add_argument("--flatten", action="store_true",
-                            help="crf/softmax heads: keep the outermost of nested entities instead of refusing")
-        parser.add_argument("--crf-lr-multiplier", type=float, default=100.0,
-                            help="the CRF transitions learn at --lr times this (spec: >= 100x the encoder's rate)")
-        parser.add_argument("--no-gp-prior-init", dest="gp_prior_init", action="store_false",
-                            help="gp: start the span logits at 0 as bert4keras does (how the GP rows of RESULTS.md "
-                                 "before 2026-11-23 were trained) instead of at each type's prior logit")
-
-    @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
         return read_ner(path, format)
 
     @classmethod
-    def configure(cls, examples: list[NerExample], *, encoder: str, head: str = "gp", mode: str = "char",
-                  max_length: int = 256, flatten: bool = False, crf_lr_multiplier: float = 100.0,
-                  gp_prior_init: bool = True) -> NerConfig:
+    def configure(cls, examples: list[NerExample], *, encoder: str, **options) -> NerConfig:
+        """The config of the entity types of ``examples`` and ``options``, :class:`NerConfig`'s option fields (the
+        flags of ``zhie train ner``)."""
         labels = sorted({s.label for ex in examples for s in ex.spans})
         if not labels:
             raise ValueError(f"no entity types: none of the {len(examples)} training examples has an entity; "
                              "check --train (a test split has no labels) and --format")
-        return NerConfig(labels, head=head, mode="subword" if mode == "word" else mode,
-                         max_length=check_max_length(max_length),
-                         flatten=flatten, crf_lr_multiplier=crf_lr_multiplier, gp_prior_init=gp_prior_init,
-                         words=mode == "word")
+        options = check_options(NerConfig, options)
+        if options.get("mode") == "word":  # the flag's name for word-level tagging, which reads sub-word tokens
+            options = {**options, "mode": "subword", "words": True}
+        config = NerConfig(labels, **options)
+        check_max_length(config.max_length)
+        return config
 
     # --------------------------------------------------------------------------------------- encoding
     def check_flat(self, examples: list[NerExample]) -> list[NerExample]:
         """Taggers need flat spans: refuse nested data (or keep the outermost spans with ``flatten``)."""
-        if self.config.head in SPAN_HEADS:
+        if self.head_spec.output == "span":
             return examples
         nested = {i for i, ex in enumerate(examples) if is_nested(ex.spans)}
         if not nested:
@@ -475,7 +566,7 @@ class NerTask(WindowedTask):
 
     def decode(self, model, outputs: dict, attention_mask: np.ndarray) -> list[list[TokenSpan]]:
         """Head output (numpy) -> per row the entities over the window's content token positions."""
-        weights = model.head_weights(self.head_name) if self.config.head == "crf" else None
+        weights = model.head_weights(self.head_name) if self.head_spec.crf else None
         return self.labeling.decode(outputs[self.head_name], attention_mask, weights)
 
     def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
@@ -529,7 +620,7 @@ class NerTask(WindowedTask):
 
     def describe(self) -> dict:
         c, about = self.config, super().describe()
-        nested = ("nested entities: found (a span head scores every span)" if c.head in SPAN_HEADS else
+        nested = ("nested entities: found (a span head scores every span)" if self.head_spec.output == "span" else
                   "flat entities only: the tagger gives each token one tag" +
                   (" (trained on the outermost of nested ones)" if c.flatten else ""))
         words = ["word-level tagging: one tag per whitespace-separated word, on its first sub-word"] if c.words else []

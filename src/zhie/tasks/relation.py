@@ -28,6 +28,7 @@ import numpy as np
 
 from zhie.core import decoding
 from zhie.core.metrics import label_errors, prf_table, span_prf
+from zhie.core.options import check_options, option
 from zhie.core.spans import Span
 from zhie.core.text import windows
 from zhie.data import detect_format, label_studio
@@ -50,9 +51,10 @@ HEADS = ("gp", "egp")
 @dataclass
 class RelationConfig:
     predicates: list[str]
-    head: str = "egp"
+    head: str = option("egp", "GlobalPointer (gp) or Efficient GlobalPointer (egp) modules", choices=HEADS,
+                       flags=("--head", "--variant"))
     mode: str = "char"
-    max_length: int = 256
+    max_length: int = option(256, "tokens per window, [CLS] and [SEP] included")
     overlap: int = 64
     head_size: int = 64
     # Decoding caps per window: an untrained or diverging model scores about half of all L² cells above 0, and
@@ -110,11 +112,10 @@ class RelationTask(WindowedTask):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
+        # no config field: the predicates are read from it (else from the data)
         parser.add_argument("--schema", default=None,
                             help="schema.json (JSON lines with 'predicate'); default: from data")
-        parser.add_argument("--head", "--variant", dest="head", default="egp", choices=HEADS,
-                            help="GlobalPointer (gp) or Efficient GlobalPointer (egp) modules")
-        parser.add_argument("--max-length", type=int, default=256, help="tokens per window, [CLS] and [SEP] included")
+        super().add_arguments(parser)  # RelationConfig's options
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[SpoExample]:
@@ -130,14 +131,17 @@ class RelationTask(WindowedTask):
         return read_spo(path)
 
     @classmethod
-    def configure(cls, examples: list[SpoExample], *, encoder: str, schema=None, head: str = "egp",
-                  max_length: int = 256) -> RelationConfig:
+    def configure(cls, examples: list[SpoExample], *, encoder: str, schema=None, **options) -> RelationConfig:
+        """The config of the predicates of ``schema`` (else of ``examples``) and ``options``, :class:`RelationConfig`'s
+        option fields (the flags of ``zhie train re``)."""
         predicates = read_schema(schema) if schema else \
             list(dict.fromkeys(t.predicate for ex in examples for t in ex.triples))
         if not predicates:
             raise ValueError(f"no predicates: none of the {len(examples)} training examples has a triple and no "
                              "--schema names any; check --train and --schema")
-        return RelationConfig(predicates, head=head, max_length=check_max_length(max_length))
+        config = RelationConfig(predicates, **check_options(RelationConfig, options))
+        check_max_length(config.max_length)
+        return config
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         from zhie.heads import GPLinkerHead

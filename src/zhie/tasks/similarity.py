@@ -24,6 +24,7 @@ import numpy as np
 
 from zhie.core.decoding import POOLINGS, l2_normalize
 from zhie.core.metrics import spearman
+from zhie.core.options import check_options, option
 from zhie.data.sts import Pair, read_pairs
 from zhie.tasks import register
 from zhie.tasks.base import Task
@@ -40,10 +41,14 @@ LOSSES = ("cosent", "sbert", "cosine-mse")
 
 @dataclass
 class SimilarityConfig:
-    loss: str = "cosent"
-    pooling: str = "cls"
-    max_length: int = 64      # tokens per sentence, special tokens included
-    prefix: str = ""          # put before every sentence (e5 models expect "query: ")
+    loss: str = option("cosent", "cosent: CoSENT over every pair of pairs of a batch; sbert: a classifier on [u; v; "
+                                 "|u - v|], labels as classes; cosine-mse: the cosine regressed on the label",
+                       choices=LOSSES)
+    pooling: str = option("cls", "the sentence vector: cls, the last layer's first token; mean, the last layer over "
+                                 "the tokens; first-last-avg, the first and last layers averaged, then over the tokens",
+                          choices=POOLINGS)
+    max_length: int = option(64, "tokens per sentence, special tokens included")
+    prefix: str = ""          # put before every sentence (e5 models expect "query: "); configure's default: by encoder
     scale: float = 20.0       # CoSENT's lambda
     num_classes: int = 0      # sbert: labels are the classes 0 .. num_classes - 1
     label_min: float = 0.0    # cosine-mse: targets are (label - label_min) / (label_max - label_min)
@@ -110,10 +115,9 @@ class SimilarityTask(Task):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--loss", default="cosent", choices=LOSSES)
-        parser.add_argument("--pooling", default="cls", choices=POOLINGS)
+        super().add_arguments(parser)  # SimilarityConfig's options
+        # not the field's default: a prefix not given follows the encoder (configure)
         parser.add_argument("--prefix", default=None, help='text put before every sentence (default: "query: " for e5)')
-        parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence, special tokens included")
 
     @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[Pair]:
@@ -129,17 +133,21 @@ class SimilarityTask(Task):
         return [config.prefix + t for t in cls.texts(examples)]
 
     @classmethod
-    def configure(cls, examples: list[Pair], *, encoder: str, loss: str = "cosent", pooling: str = "cls",
-                  max_length: int = 64, prefix: str | None = None) -> SimilarityConfig:
-        """``prefix`` defaults to ``"query: "`` for e5 encoders and to nothing otherwise."""
+    def configure(cls, examples: list[Pair], *, encoder: str, prefix: str | None = None,
+                  **options) -> SimilarityConfig:
+        """The config of ``options``, :class:`SimilarityConfig`'s option fields (the flags of ``zhie train
+        similarity``), and of the labels of ``examples``; ``prefix`` defaults to ``"query: "`` for e5 encoders and to
+        nothing otherwise."""
+        loss = check_options(SimilarityConfig, options).get("loss", SimilarityConfig.loss)
         labels = sorted({p.label for p in examples})
         if loss == "sbert" and any(y != int(y) or y < 0 for y in labels):
             raise ValueError(f"the sbert loss needs training labels 0, 1, 2, … (classes), got {labels[:5]}")
         if prefix is None:
             prefix = "query: " if "e5" in Path(str(encoder)).name.lower() else ""
-        return SimilarityConfig(loss=loss, pooling=pooling, max_length=check_max_length(max_length), prefix=prefix,
-                                num_classes=int(labels[-1]) + 1 if loss == "sbert" else 0,
-                                label_min=labels[0], label_max=labels[-1])
+        config = SimilarityConfig(**options, prefix=prefix, num_classes=int(labels[-1]) + 1 if loss == "sbert" else 0,
+                                  label_min=labels[0], label_max=labels[-1])
+        check_max_length(config.max_length)
+        return config
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         from zhie.heads import Pooling

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from zhie.core.metrics import prf
+from zhie.core.options import check_options, option
 from zhie.core.text import TextTokenizer
 from zhie.core.words import word_heads, word_ranges, word_tags
 from zhie.data import NerExample, read_ner
@@ -89,10 +90,11 @@ def word_outputs(model, head_name: str, tt: TextTokenizer, inputs: list[tuple[li
 class EvaluatorConfig:
     tags: list[str]              # the BIO tags whose equality the evaluator learns
     mode: str = "subword"
-    max_length: int = 128        # tokens per sentence, special tokens included; words past it are not paired
-    pairs: int = 20_000          # training pairs (the official loader: up to 500k)
-    balanced: bool = True        # half the pairs with the same tag (the official loader's isequal)
-    dev_pairs: int = 2_000       # pairs of the development set scored after each epoch
+    max_length: int = option(128, "tokens per sentence, [CLS] and [SEP] included (words past it are not paired)")
+    pairs: int = option(20_000, "training word pairs (the official loader: up to 500k)")
+    balanced: bool = option(True, "draw partners uniformly instead of half with the same tag (the official loader's "
+                                  "isequal)", flags=("--no-balance",))
+    dev_pairs: int = option(2_000, "development word pairs scored after each epoch")
     dropout: float = 0.1
     pair_seed: int = 0
 
@@ -123,24 +125,18 @@ class XnerEvaluatorTask(Task):
         self.text_tokenizer = TextTokenizer(tokenizer, "subword")
 
     @classmethod
-    def add_arguments(cls, parser) -> None:
-        parser.add_argument("--max-length", type=int, default=128, help="tokens per sentence, [CLS] and [SEP] included")
-        parser.add_argument("--pairs", type=int, default=20_000, help="training word pairs")
-        parser.add_argument("--dev-pairs", type=int, default=2_000, help="development word pairs scored")
-        parser.add_argument("--no-balance", dest="balanced", action="store_false",
-                            help="draw partners uniformly instead of half with the same tag")
-
-    @classmethod
     def read(cls, path: str | os.PathLike, format: str = "auto") -> list[NerExample]:
         return read_ner(path, format)
 
     @classmethod
-    def configure(cls, examples: list[NerExample], *, encoder: str, max_length: int = 128, pairs: int = 20_000,
-                  dev_pairs: int = 2_000, balanced: bool = True) -> EvaluatorConfig:
+    def configure(cls, examples: list[NerExample], *, encoder: str, **options) -> EvaluatorConfig:
+        """The config of the BIO tags of the entity types of ``examples`` and ``options``, :class:`EvaluatorConfig`'s
+        option fields (the flags of ``zhie train xner-evaluator``)."""
         labels = sorted({s.label for ex in examples for s in ex.spans})
-        return EvaluatorConfig(["O"] + [f"{p}-{label}" for label in labels for p in "BI"],
-                               max_length=check_max_length(max_length),
-                               pairs=pairs, dev_pairs=dev_pairs, balanced=balanced)
+        config = EvaluatorConfig(["O"] + [f"{p}-{label}" for label in labels for p in "BI"],
+                                 **check_options(EvaluatorConfig, options))
+        check_max_length(config.max_length)
+        return config
 
     def build_heads(self, hidden_size: int) -> dict[str, nn.Module]:
         from zhie.heads import WordVectors

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from dataclasses import dataclass, replace
 
+from zhie.core.options import add_flags, option, values_from_flags
 from zhie.precision import PRECISIONS, check_precision
 
 from .tracking import check_trackers
@@ -24,12 +24,6 @@ HEAD_LR_RATIO = 10.0
 OPTIMIZERS = ("adamw", "lamb")
 TRICKS = "training options"
 WATCH = "watching the run"
-
-
-def option(default: Any, help: str, group: str | None = None, **flag) -> Any:
-    """A :class:`TrainConfig` field that is also a flag of ``zhie train`` (``--batch-size`` for ``batch_size``), with
-    its help, the flag group it is listed in and argparse's ``choices``/``metavar``: the one place of both."""
-    return field(default=default, metadata={"help": help, "group": group, "flag": flag})
 
 
 @dataclass
@@ -150,24 +144,12 @@ def default_lr(width: int, base_lr: float = BASE_LR) -> float:
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of :class:`TrainConfig`'s fields (:func:`option`), into ``parser`` and its groups. Each defaults to
-    None, so that :func:`config_from_flags` gives a field that was not given its :class:`TrainConfig` default (shown in
-    the help)."""
-    groups = {None: parser}
-    for f in fields(TrainConfig):
-        if "help" not in f.metadata:
-            continue
-        group = f.metadata["group"]
-        if group not in groups:
-            groups[group] = parser.add_argument_group(group)
-        kind = str(f.type).split(" |")[0]
-        default = "" if f.default in (None, ()) else f" (default: {f.default})"
-        extra = {"nargs": "+"} if kind.startswith("tuple") else {"type": {"int": int, "float": float}.get(kind, str)}
-        groups[group].add_argument("--" + f.name.replace("_", "-"), default=None, help=f.metadata["help"] + default,
-                                   **extra, **f.metadata["flag"])
+    """The flags of :class:`TrainConfig`'s option fields (:func:`zhie.core.options.add_flags`), into ``parser`` and
+    their groups, each defaulting to its field's default."""
+    add_flags(parser, TrainConfig)
 
 
 def config_from_flags(args: argparse.Namespace) -> TrainConfig:
-    """The :class:`TrainConfig` of the flags of :func:`add_train_flags` in ``args`` (a flag not given: the default)."""
-    given = {f.name: getattr(args, f.name) for f in fields(TrainConfig) if getattr(args, f.name, None) is not None}
-    return TrainConfig(**given)
+    """The :class:`TrainConfig` of the flags of :func:`add_train_flags` in ``args`` (a field without a flag there: its
+    default)."""
+    return TrainConfig(**values_from_flags(args, TrainConfig))
