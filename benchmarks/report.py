@@ -489,9 +489,12 @@ def compile_table() -> str:
 
 
 def stream_table() -> str:
-    return table(["lines", "peak RSS", "seconds", "lines/s"],
-                 [[f"{r['lines']:,}", f"{r['peak_rss_mb']:.1f} MB", f"{r['seconds']:.1f}", f"{r['lines_per_s']:.0f}"]
-                  for r in rows("stream.jsonl")], right="0123")
+    """``benchmarks/stream.py``: the CLI's streaming (``zhie predict --input --output``) and, with ``--api``, the
+    Python API's (``Pipeline.stream``)."""
+    return table(["through", "lines", "peak RSS", "seconds", "lines/s"],
+                 [["`Pipeline.stream`" if r.get("run", "").startswith("Pipeline") else "`zhie predict`",
+                   f"{r['lines']:,}", f"{r['peak_rss_mb']:.1f} MB", f"{r['seconds']:.1f}", f"{r['lines_per_s']:.0f}"]
+                  for r in rows("stream.jsonl")], right="1234")
 
 
 def ray_table() -> str:

@@ -1,6 +1,8 @@
-"""Peak memory of streaming prediction: ``zhie predict MODEL --input FILE --output OUT`` on files of 10k and 1M lines.
+"""Peak memory of streaming prediction: ``zhie predict MODEL --input FILE --output OUT`` on files of 10k and 1M lines,
+or, with ``--api``, the Python API's ``Pipeline.stream`` over the lines of the file.
 
     python benchmarks/stream.py --sizes 10000 1000000
+    python benchmarks/stream.py --api --sizes 2000 200000
 
 Each run is a separate process (``python -m zhie.cli predict ...``); its peak resident set size comes from the kernel
 (``os.wait4``'s ``ru_maxrss``), its time from the wall clock, its output is checked line for line (count and order).
@@ -46,12 +48,28 @@ def write_input(path: Path, lines: int) -> None:
             f.write((long if i % 100 == 99 else sentences[i % len(sentences)]) + "\n")
 
 
+# --api: a process that streams the file's lines through Pipeline.stream and writes one JSON line per prediction
+API = """import dataclasses, json, sys, zhie
+pipe = zhie.load(sys.argv[1])
+with open(sys.argv[2], encoding="utf-8") as f, open(sys.argv[2], encoding="utf-8") as g, \\
+        open(sys.argv[3], "w", encoding="utf-8") as out:
+    predictions = pipe.stream((line.rstrip("\\n") for line in f), batch_size=int(sys.argv[5]),
+                              chunk_size=int(sys.argv[4]))
+    for text, entities in zip(g, predictions):
+        row = {"text": text.rstrip("\\n"), "entities": [dataclasses.asdict(s) for s in entities]}
+        out.write(json.dumps(row, ensure_ascii=False) + "\\n")
+"""
+
+
 def run(model: Path, lines: int, work: Path, args) -> dict:
     source, out = work / f"in-{lines}.txt", work / f"out-{lines}.jsonl"
     if not source.exists():
         write_input(source, lines)
     command = [sys.executable, "-m", "zhie.cli", "predict", str(model), "--input", str(source), "--output", str(out),
                "--chunk-lines", str(args.chunk_lines), "--batch-size", str(args.batch_size)]
+    if args.api:
+        command = [sys.executable, "-c", API, str(model), str(source), str(out), str(args.chunk_lines),
+                   str(args.batch_size)]
     start = time.perf_counter()
     process = subprocess.Popen(command)
     _, status, usage = os.wait4(process.pid, 0)
@@ -69,13 +87,14 @@ def run(model: Path, lines: int, work: Path, args) -> dict:
             "torch_threads": os.environ.get("OMP_NUM_THREADS", "default"), "machine": machine(),
             "date": date.today().isoformat(),
             "command": "python benchmarks/stream.py " + " ".join(sys.argv[1:]),
-            "run": " ".join(["zhie", *command[3:]])}
+            "run": "Pipeline.stream (python -c)" if args.api else " ".join(["zhie", *command[3:]])}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000])
     p.add_argument("--model", default=None, help="a trained model directory (default: a tiny GP model trained here)")
+    p.add_argument("--api", action="store_true", help="stream through the Python API, Pipeline.stream, not the CLI")
     p.add_argument("--chunk-lines", type=int, default=4096)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--work", default=None, help="directory for the model and the input files (default: a new one)")

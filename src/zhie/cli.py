@@ -1,6 +1,9 @@
 """The ``zhie`` command: train, eval, predict, demo, serve, export, the training jobs (distill, pretrain), and the
 tasks' own commands (segment, embed).
 
+Over 400 lines: one parser and its handlers, a screen of each per command; what a handler does lives in the library
+(a handler reads its flags and calls one function), so splitting the file would only scatter the command table.
+
 Tasks are found through the registry (:mod:`zhie.tasks`): ``zhie train TASK`` gets the common training flags plus
 the task's own (``Task.add_arguments``), and a task may add commands (``Task.add_commands``).
 

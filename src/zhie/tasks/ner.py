@@ -1,5 +1,9 @@
 """Named-entity recognition: label encoding, heads, loss, vectorised decoding, metric.
 
+Over 400 lines: one task whose parts all turn on :class:`NerConfig`'s head: the head registry, the span and tag label
+encodings (each the inverse of its decoder) and the task's protocol methods read best side by side; the heads
+themselves, the decoders and the losses live in ``zhie.heads``, ``zhie.core.decoding`` and ``zhie.losses``.
+
 Heads (spec §1, §2, §8), in two families with one output type each:
 
 * span heads ``gp`` / ``egp`` — (Efficient) GlobalPointer: span logits ``[b, types, n, n]``, trained with the

@@ -10,7 +10,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from .config import TrainConfig
+from .config import HEAD_LR_RATIO, TrainConfig
 
 __all__ = ["NO_DECAY", "Lamb", "build_optimizer", "build_param_groups", "build_scheduler", "encoder_depth"]
 
@@ -65,7 +65,8 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
 
     * ``encoder`` / ``encoder_no_decay``: parameters under a submodule named ``encoder`` (``model.encoder``, or
       ``x.encoder`` in a composite such as a multi-task model), lr ``config.lr``;
-    * ``head`` / ``head_no_decay``: everything else, lr ``config.head_lr`` (``None`` -> ``config.lr``);
+    * ``head`` / ``head_no_decay``: everything else, lr ``config.head_lr`` (``None`` -> ``HEAD_LR_RATIO`` x
+      ``config.lr``, as :meth:`TrainConfig.resolved` gives);
     * ``lr_x{m}``: parameters that a module tags with a learning-rate multiplier ``m`` (``lr_multipliers()``, the
       CRF transitions, spec §8.1), lr ``config.lr * m`` (a multiple of the *encoder* learning rate, as in bert4keras
       where the multiplier scales the one global rate) and no weight decay.
@@ -81,7 +82,10 @@ def build_param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     ``encoder_L{l}`` / ``encoder_L{l}_no_decay`` (``encoder_top`` for the latter). The heads keep ``head_lr``;
     the schedule multiplies every group's rate alike.
     """
-    head_lr = config.lr if config.head_lr is None else config.head_lr
+    if config.lr is None:
+        raise ValueError("build_param_groups needs the encoder's learning rate: pass config.resolved(width), or a "
+                         "config with lr set")
+    head_lr = HEAD_LR_RATIO * config.lr if config.head_lr is None else config.head_lr
     settings = {
         "encoder": (config.lr, config.weight_decay),
         "encoder_no_decay": (config.lr, 0.0),

@@ -1,5 +1,8 @@
 """``zhie pretrain``: masked-language-model pre-training from scratch, or continued on a domain's raw text.
 
+Just over 400 lines: the job's settings, the job and its command; the corpus (:mod:`zhie.training.corpus`), the
+masking (:mod:`zhie.encoders.mlm`) and the engine's parts (:mod:`zhie.training.pretrain_parts`) are apart.
+
 The corpus is plain UTF-8 text, one paragraph (or sentence) per line, in one or more files. It is **streamed**: each
 file is read line by line from a byte offset, never whole. The first ``heldout`` non-blank lines are kept out of
 training and give the held-out MLM loss and accuracy. Training lines are cut into tokens (``char`` mode, one token per
@@ -378,7 +381,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                    help="default: a GPU if there is one (under torchrun each process takes its local rank's)")
     p.add_argument("--no-resume", action="store_true",
                    help="start over, replacing the run in --out (default: the same command continues it)")
-    p.add_argument("--overwrite", dest="no_resume", action="store_true", help=argparse.SUPPRESS)  # old name
+    p.add_argument("--overwrite", action="store_true", help=argparse.SUPPRESS)  # old name of --no-resume
     p.add_argument("--resume", action="store_true", help=argparse.SUPPRESS)  # old: resuming is the default now
     p.add_argument("--stop-after", type=int, default=None, metavar="STEP",
                    help="end this session after STEP (with a snapshot); the same command continues it")
@@ -389,6 +392,12 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
+    if args.overwrite:
+        logger.warning("--overwrite is deprecated: use --no-resume (the same command continues a run; --no-resume "
+                       "starts it over)")
+        args.no_resume = True
+    if args.resume:
+        logger.warning("--resume is deprecated and does nothing: the same command continues the run in --out")
     config = PretrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
                             max_length=args.max_length, lr=args.lr, weight_decay=args.weight_decay,
                             warmup=args.warmup, optimizer=args.optimizer, mask=args.mask, mask_rate=args.mask_rate,
