@@ -102,7 +102,8 @@ def run(args) -> dict:
     start = time.time()
     if args.cli:
         subprocess.run(cli_command(args, train_file, dev_file, out), check=True)
-        result = {"best": json.loads((out / "best" / "training.json").read_text(encoding="utf-8"))["dev"]}
+        # the model's record holds the dev metrics of the evaluation that saved it; their summary is the micro average
+        result = {"best": json.loads((out / "best" / "training.json").read_text(encoding="utf-8"))["dev"]["micro"]}
     else:
         result = zhie.fit("ner", train_file, dev_file, out=out, encoder=args.encoder, head=args.head,
                           max_length=args.max_length, flatten=args.head in ("crf", "softmax"),
