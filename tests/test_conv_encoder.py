@@ -17,7 +17,7 @@ from tests.tiny_models import nested_corpus
 from zhie import encoders
 from zhie.data import write_ner_jsonl
 from zhie.encoders import WeightsMismatchError
-from zhie.encoders.conv import ConvConfig, ConvModel, DilatedConv1d, conv_student
+from zhie.encoders.conv import RESIDUALS, ConvConfig, ConvModel, DilatedConv1d, conv_student
 from zhie.training import TrainConfig
 
 TEXTS = ["王伟在青山市的远华大学工作了很多年。", "好", "记者从恒信银行获悉，李娜将前往北宁县考察。", "中国人民"]
@@ -29,7 +29,12 @@ def small(**fields) -> ConvModel:
                            "dilations": [1, 2, 4], "pad_token_id": 0, **fields})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return ConvModel(config).eval()
+        model = ConvModel(config).eval()
+    if config.residual == "scaled":  # blocks start as the identity: give them work, so that padding could leak
+        with torch.no_grad():
+            for k, block in enumerate(model.encoder.layer):
+                block.scale.fill_(0.5 + 0.25 * k)
+    return model
 
 
 def hidden(model, input_ids, attention_mask, **kwargs):
@@ -38,8 +43,9 @@ def hidden(model, input_ids, attention_mask, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------- the encoder
-def test_right_padding_never_changes_a_sentences_outputs():
-    model = small()
+@pytest.mark.parametrize("residual", RESIDUALS)
+def test_right_padding_never_changes_a_sentences_outputs(residual):
+    model = small(residual=residual)
     sentence = [2, 17, 5, 33, 8, 3]
     alone = hidden(model, [sentence], [[1] * 6]).last_hidden_state[0]
     for extra in (1, 3, 9):  # padding ids, and other tokens under a zero mask: neither may reach the sentence
@@ -50,8 +56,9 @@ def test_right_padding_never_changes_a_sentences_outputs():
             torch.testing.assert_close(batch[0, :6], alone, rtol=0, atol=1e-5)
 
 
-def test_outputs_are_a_berts():
-    model = small()
+@pytest.mark.parametrize("residual", RESIDUALS)
+def test_outputs_are_a_berts(residual):
+    model = small(residual=residual)
     ids, mask = [[2, 5, 6, 3, 0], [2, 9, 9, 9, 3]], [[1, 1, 1, 1, 0], [1] * 5]
     out = hidden(model, ids, mask)
     assert out.last_hidden_state.shape == (2, 5, 16) and out.hidden_states is None
@@ -61,20 +68,28 @@ def test_outputs_are_a_berts():
     with torch.no_grad():  # the first is the projected embeddings
         torch.testing.assert_close(states[0], model.embeddings(torch.tensor(ids)), rtol=0, atol=0)
     # dilations cycle over the blocks; padding keeps each block's output as long as its input
-    assert [b.conv.dilation for b in small(num_hidden_layers=5).encoder.layer] == [1, 2, 4, 1, 2]
-    assert hidden(small(kernel_size=5, dilations=[3]), ids, mask).last_hidden_state.shape == (2, 5, 16)
+    assert [b.conv.dilation for b in small(num_hidden_layers=5, residual=residual).encoder.layer] == [1, 2, 4, 1, 2]
+    assert hidden(small(kernel_size=5, dilations=[3], residual=residual), ids, mask).last_hidden_state.shape == (2, 5, 16)
 
 
-@pytest.mark.parametrize("kernel_size,dilation", [(1, 1), (3, 1), (3, 2), (5, 4)])
-def test_the_dilated_convolution_is_torchs_conv1d(kernel_size, dilation):
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        conv, x = DilatedConv1d(8, kernel_size, dilation), torch.randn(2, 7, 8)  # 7 tokens: reach 8 at (5, 4)
-    weight = conv.weight.detach().view(8, kernel_size, 8).permute(0, 2, 1)  # [out, in, kernel]
-    expected = F.conv1d(x.transpose(1, 2), weight, conv.bias.detach(), dilation=dilation,
-                        padding=dilation * (kernel_size - 1) // 2).transpose(1, 2)
+def test_a_scaled_stack_adds_each_blocks_scaled_update_and_normalises_once():
+    """A ``scaled`` block adds ``scale * relu(conv(x * mask))`` (``scale`` starting at 1) with no LayerNorm of its own;
+    one LayerNorm follows the last block (the post-norm stack has one per block)."""
+    model = small(residual="scaled")
+    ids, mask = [[2, 5, 6, 3, 0]], [[1, 1, 1, 1, 0]]
+    out = hidden(model, ids, mask, output_hidden_states=True)
+    m = torch.tensor(mask, dtype=torch.float32).unsqueeze(-1)
     with torch.no_grad():
-        torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
+        x = model.embeddings(torch.tensor(ids))
+        for k, block in enumerate(model.encoder.layer):
+            x = x + block.scale * torch.relu(block.conv(x * m))
+            if k < 2:
+                torch.testing.assert_close(out.hidden_states[k + 1], x, rtol=0, atol=1e-6)
+        torch.testing.assert_close(out.last_hidden_state, model.encoder.LayerNorm(x), rtol=0, atol=1e-6)
+    assert not any("LayerNorm" in name for name, _ in model.encoder.layer.named_parameters())
+    assert sum("LayerNorm" in name for name, _ in small(residual="postnorm").encoder.named_parameters()) == 6
+    fresh = ConvModel(ConvConfig(vocab_size=40, embedding_size=12, hidden_size=16, residual="scaled"))
+    assert all(block.scale.item() == 1.0 for block in fresh.encoder.layer)
 
 
 def test_bad_configurations_say_what_is_wrong():
@@ -82,6 +97,8 @@ def test_bad_configurations_say_what_is_wrong():
         ConvConfig(kernel_size=4)
     with pytest.raises(ValueError, match="dilations"):
         ConvConfig(dilations=[1, 0])
+    with pytest.raises(ValueError, match="residual 'pre'"):
+        ConvConfig(residual="pre")
 
 
 def test_save_and_load_pretrained_give_the_same_outputs(tmp_path):
@@ -140,14 +157,15 @@ def test_conv_student_copies_the_teachers_embeddings():
 
 
 # ------------------------------------------------------------------------------------------------- a NER model on it
-@pytest.fixture(scope="module")
-def ner(tmp_path_factory):
-    """A GlobalPointer NER model on a conv encoder, trained by ``zhie.fit`` on the nested corpus: (summary, dir)."""
+@pytest.fixture(scope="module", params=RESIDUALS)
+def ner(tmp_path_factory, request):
+    """A GlobalPointer NER model on a conv encoder of each block kind, trained by ``zhie.fit`` on the nested corpus:
+    (summary, dir)."""
     out = tmp_path_factory.mktemp("conv-ner")
     write_ner_jsonl(nested_corpus(160, seed=1), out / "train.jsonl")
     write_ner_jsonl(nested_corpus(40, seed=2), out / "dev.jsonl")
     config = TrainConfig(epochs=6, batch_size=16, lr=2e-3, head_lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
-    result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder=SPEC, head="gp",
+    result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder=f"{SPEC},residual={request.param}", head="gp",
                       max_length=64, config=config, resume=False, progress=False)
     return result, out / "run" / "best"
 

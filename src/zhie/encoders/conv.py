@@ -6,9 +6,18 @@ linear projection to ``hidden_size`` with LayerNorm and dropout, then ``num_hidd
 
     ``x <- LayerNorm(x + Dropout(act(Conv1d_d(x * mask))))``
 
-where block ``i`` has the dilation ``dilations[i % len(dilations)]`` (``[1, 2, 4, 1]``: each token sees 17 characters
-after four blocks of kernel 3) and "same" zero padding. Padding positions are zeroed before every convolution, so a
-right-padded row computes exactly what the row alone computes: padding never leaks into real tokens. There are no
+(``residual="postnorm"``) or
+
+    ``x <- x + a_i * Dropout(act(Conv1d_d(x * mask)))``, and one LayerNorm after the last block
+
+(``residual="scaled"``: ``a_i`` a learnt scalar starting at 1; as in ReZero, Bachlechner et al. 2020, the blocks need
+no normalisation of their own, but started at 0 as there, a short run learned less: 0.83 against 0.92 dev F1 on the
+tests' tiny NER sample). Without a normalisation per block the int8 graph runs faster: in onnxruntime's int8 graph
+the four fused Add + LayerNorm of the post-norm stack took about a third of the time (profiled on a 256-wide
+student; ``benchmarks/RESULTS.md``, "Fast students"). Block ``i`` has the dilation ``dilations[i % len(dilations)]``
+(``[1, 2, 4, 1]``: each token sees 17 characters after four blocks of kernel 3) and "same" zero padding. Padding
+positions are zeroed before every convolution, so a right-padded row computes exactly what the row alone computes:
+padding never leaks into real tokens. There are no
 position embeddings (convolutions are local) and no attention: per token and block, one ``kernel_size x hidden x
 hidden`` product, computed as one matrix product over the token's window (:class:`DilatedConv1d`), which ONNX int8
 quantisation turns into a fast integer MatMul.
@@ -34,7 +43,10 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput
 
-__all__ = ["ConvConfig", "ConvModel", "DilatedConv1d", "conv_student"]
+__all__ = ["RESIDUALS", "STUDENT_RESIDUAL", "ConvConfig", "ConvModel", "DilatedConv1d", "conv_student"]
+
+RESIDUALS = ("postnorm", "scaled")
+STUDENT_RESIDUAL = "scaled"  # the block of a distilled student (conv_student): the faster one
 
 
 class ConvConfig(PretrainedConfig):
@@ -42,7 +54,9 @@ class ConvConfig(PretrainedConfig):
 
     ``embedding_size``: the width of the character embeddings (a teacher's hidden size, e.g. 384); ``hidden_size``:
     the convolutions' width; ``kernel_size``: odd; ``dilations``: a list cycled over the blocks, one int for all, or
-    the text ``"1-2-4-1"`` (how a ``new:conv:dilations=1-2-4-1`` spec writes it); ``max_position_embeddings`` is only
+    the text ``"1-2-4-1"`` (how a ``new:conv:dilations=1-2-4-1`` spec writes it); ``residual``: ``"postnorm"`` (a
+LayerNorm after every block; the default, which a saved model without the field was trained with) or ``"scaled"``
+(no normalisation per block, one at the end: see the module docstring); ``max_position_embeddings`` is only
     informational (a convolution has no length limit; a tokenizer built for it takes it as its length).
     """
 
@@ -52,7 +66,7 @@ class ConvConfig(PretrainedConfig):
                  num_hidden_layers: int = 4, kernel_size: int = 3, dilations: Sequence[int] | int | str = (1, 2, 4, 1),
                  hidden_act: str = "relu", hidden_dropout_prob: float = 0.1, layer_norm_eps: float = 1e-5,
                  initializer_range: float = 0.02, pad_token_id: int = 0, max_position_embeddings: int = 512,
-                 **kwargs) -> None:
+                 residual: str = "postnorm", **kwargs) -> None:
         kwargs.pop("attention_probs_dropout_prob", None)  # what new:conv:dropout=P also sets: there is no attention
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         if isinstance(dilations, str):
@@ -70,6 +84,9 @@ class ConvConfig(PretrainedConfig):
         self.layer_norm_eps = layer_norm_eps
         self.initializer_range = initializer_range
         self.max_position_embeddings = max_position_embeddings
+        self.residual = residual
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual {residual!r}: use one of {', '.join(RESIDUALS)}")
         if kernel_size < 1 or kernel_size % 2 == 0:
             raise ValueError(f"kernel_size {kernel_size}: use an odd size (3, 5, ...), so that a token's output is "
                              "centred on it")
@@ -120,18 +137,23 @@ class DilatedConv1d(nn.Linear):
 
 
 class ConvBlock(nn.Module):
-    """``LayerNorm(x + Dropout(act(conv(x * mask))))`` with a :class:`DilatedConv1d`."""
+    """``LayerNorm(x + Dropout(act(conv(x * mask))))`` (post-norm) or ``x + scale * Dropout(act(conv(x * mask)))``
+    (scaled, ``scale`` starting at 1) with a :class:`DilatedConv1d`."""
 
     def __init__(self, config: ConvConfig, dilation: int) -> None:
         super().__init__()
         self.conv = DilatedConv1d(config.hidden_size, config.kernel_size, dilation)
         self.activation = ACT2FN[config.hidden_act]
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815 (BERT's name)
+        if config.residual == "postnorm":
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815 (BERT's name)
+        else:
+            self.scale = nn.Parameter(torch.ones(1))
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x [b, n, h]``, ``mask [b, n, 1]`` (1 for tokens, 0 for padding, x's dtype)."""
-        return self.LayerNorm(x + self.dropout(self.activation(self.conv(x * mask))))
+        update = self.dropout(self.activation(self.conv(x * mask)))
+        return self.LayerNorm(x + update) if hasattr(self, "LayerNorm") else x + self.scale * update
 
 
 class ConvModel(PreTrainedModel):
@@ -148,6 +170,8 @@ class ConvModel(PreTrainedModel):
         self.encoder = nn.Module()
         self.encoder.layer = nn.ModuleList(ConvBlock(config, config.dilation(i))
                                            for i in range(config.num_hidden_layers))
+        if config.residual == "scaled":  # the blocks add to an unnormalised stream: one norm at the end
+            self.encoder.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815
         with torch.no_grad():  # as transformers initialises a BERT's: normal, the padding row zero
             nn.init.normal_(self.embeddings.word_embeddings.weight, std=config.initializer_range)
             if config.pad_token_id is not None:
@@ -176,21 +200,23 @@ class ConvModel(PreTrainedModel):
         for block in self.encoder.layer:
             x = block(x, mask)
             states.append(x)
+        if self.config.residual == "scaled":
+            x = states[-1] = self.encoder.LayerNorm(x)
         return BaseModelOutput(last_hidden_state=x, hidden_states=tuple(states) if output_hidden_states else None)
 
 
 def conv_student(teacher_encoder: nn.Module, *, hidden_size: int = 256, layers: int = 4, kernel_size: int = 3,
-                 dilations: Sequence[int] = (1, 2, 4, 1), seed: int = 0) -> ConvModel:
+                 dilations: Sequence[int] = (1, 2, 4, 1), residual: str = STUDENT_RESIDUAL, seed: int = 0) -> ConvModel:
     """A fresh :class:`ConvModel` reading the teacher's tokens: its embedding table is a copy of the teacher's word
     embeddings (``teacher_encoder.get_input_embeddings().weight``: vocabulary and embedding width), its padding id the
-    teacher's; every other weight is initialised from ``seed`` (the global random state is left as it was). The
-    teacher's tokenizer is the student's."""
+    teacher's; ``residual`` as in :class:`ConvConfig`; every other weight is
+    initialised from ``seed`` (the global random state is left as it was). The teacher's tokenizer is the student's."""
     table = teacher_encoder.get_input_embeddings().weight.detach()
     teacher = teacher_encoder.config
     pad = getattr(teacher, "pad_token_id", None)
     config = ConvConfig(vocab_size=table.shape[0], embedding_size=table.shape[1], hidden_size=hidden_size,
                         num_hidden_layers=layers, kernel_size=kernel_size, dilations=list(dilations),
-                        pad_token_id=0 if pad is None else pad,
+                        residual=residual, pad_token_id=0 if pad is None else pad,
                         max_position_embeddings=getattr(teacher, "max_position_embeddings", 512))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
