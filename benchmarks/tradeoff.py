@@ -9,6 +9,11 @@ For every model and variant: the dev F1 (``zhie eval``), sentences/s and charact
 of ``--runs``), the peak resident memory of the predicting process, and the size on disk. The exports are made once
 in ``OUT/exports`` (int8: ``--per-channel --reduce-range``, the accurate setting on CPUs without VNNI). Each row
 appends one JSON line to ``benchmarks/results/tradeoff.jsonl`` with the load average before and after.
+
+``--peer NAME=PYTHON`` adds an offline peer, timed the same way (``PYTHON benchmarks/peer_predict.py NAME --input
+FILE --output FILE``, PYTHON the interpreter of an environment where the peer is installed); its dev F1 counts only
+the labels it shares with the dataset's (People's Daily: PER, LOC and ORG) and is left out when it shares none
+(CLUENER's ten finer types).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from types import SimpleNamespace
 from common import DATA, append_result, machine, machine_lock
 from roofline import encoder_flops, int8_matmul_peak, matmul_peak
 
+from zhie.core.metrics import span_prf
 from zhie.data import read_ner
 
 SETS = {"cluener": ("ner/cluener/dev.json", "ner/cluener/test.json"),
@@ -76,12 +82,41 @@ def variants(name: str, model: Path, out: Path, which: list[str]) -> list[tuple[
     return found
 
 
+def peer_f1(gold: list, output: Path) -> float | None:
+    """Micro F1 of a peer's output (JSON lines whose first ``len(gold)`` are the dev texts) on the labels it shares
+    with ``gold`` (None when it shares none)."""
+    with output.open(encoding="utf-8") as f:
+        rows = [json.loads(line)["entities"] for line, _ in zip(f, gold)]
+    shared = {s.label for ex in gold for s in ex.spans} & {e["label"] for row in rows for e in row}
+    if not shared:
+        return None
+    pred = [[(e["start"], e["end"], e["label"]) for e in row if e["label"] in shared] for row in rows]
+    return span_prf([[s for s in ex.spans if s.label in shared] for ex in gold], pred)["micro"]["f1"]
+
+
+def record(args, name: str, variant: str, path: Path, texts: list[str], f1: float | None,
+           runs: list[tuple[float, float]], cold: float, load: tuple, **extra) -> None:
+    best = min(w for w, _ in runs)
+    append_result("tradeoff", {
+        "dataset": args.dataset, "model": name, "variant": variant, "path": str(path), **extra,
+        "dev_f1": f1, "texts": len(texts), "characters": sum(map(len, texts)),
+        "sentences_per_s": len(texts) / best, "characters_per_s": sum(map(len, texts)) / best,
+        "walls_s": [round(w, 3) for w, _ in runs], "cold_start_s": round(cold, 3),
+        "peak_rss_mb": round(max(m for _, m in runs)), "size_mb": round(size_mb(path), 1),
+        "batch_size": args.batch_size, "load_before": load, "load_after": os.getloadavg(),
+        "machine": machine(), "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
+    f1_text = "–" if f1 is None else f"{f1:.4f}"
+    print(f"{name} {variant}: F1 {f1_text}, {len(texts) / best:.0f} sentences/s, cold {cold:.2f} s", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
-    p.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--cut", action="append", default=[], metavar="NAME=DIR:LAYERS",
                    help="also DIR's model cut to its first LAYERS layers, untrained (speed of that depth)")
+    p.add_argument("--peer", action="append", default=[], metavar="NAME=PYTHON",
+                   help="an offline peer of benchmarks/peer_predict.py, run by PYTHON (its environment's)")
     p.add_argument("--variants", default="torch,fp32,int8")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
@@ -109,25 +144,28 @@ def main() -> None:
                        str(out / "out.jsonl"), "--batch-size", str(args.batch_size)]
             runs = [timed(predict) for _ in range(args.runs)]
             cold = min(timed(["zhie", "predict", str(path), texts[0]])[0] for _ in range(args.runs))
-            best = min(w for w, _ in runs)
             config_file = Path(directory) / "config.json"
             config = SimpleNamespace(**json.loads(config_file.read_text())) if config_file.exists() else None
             flops = (encoder_flops(config, [len(t) + 2 for t in texts])
                      if config is not None and getattr(config, "model_type", "") in ("bert", "xlm-roberta") else None)
-            append_result("tradeoff", {
-                "dataset": args.dataset, "model": name, "variant": variant, "path": str(path),
-                "layers": getattr(config, "num_hidden_layers", None),
-                "encoder_share_of_peak": flops / best / peaks[variant] if flops else None,
-                "peak_gflops": round(peaks[variant] / 1e9, 1),
-                "dev_f1": f1, "texts": len(texts), "characters": sum(map(len, texts)),
-                "sentences_per_s": len(texts) / best, "characters_per_s": sum(map(len, texts)) / best,
-                "walls_s": [round(w, 3) for w, _ in runs], "cold_start_s": round(cold, 3),
-                "peak_rss_mb": round(max(m for _, m in runs)), "size_mb": round(size_mb(path), 1),
-                "batch_size": args.batch_size, "load_before": load, "load_after": os.getloadavg(),
-                "machine": machine(), "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
-            print(f"{name} {variant}: F1 {f1:.4f}, {len(texts) / best:.0f} sentences/s, cold {cold:.2f} s",
-                  flush=True)
-
+            record(args, name, variant, path, texts, f1, runs, cold, load,
+                   layers=getattr(config, "num_hidden_layers", None),
+                   encoder_share_of_peak=flops / min(w for w, _ in runs) / peaks[variant] if flops else None,
+                   peak_gflops=round(peaks[variant] / 1e9, 1))
+    gold = read_ner(files[0])
+    script = str(Path(__file__).resolve().parent / "peer_predict.py")
+    for spec in args.peer:
+        name, _, python = spec.partition("=")
+        load = os.getloadavg()
+        predict = [python, script, name, "--input", str(out / "texts.txt"), "--output", str(out / "out.jsonl")]
+        runs = [timed(predict) for _ in range(args.runs)]
+        f1 = peer_f1(gold, out / "out.jsonl")
+        (out / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
+        cold = min(timed([python, script, name, "--input", str(out / "one.txt"), "--output", str(out / "one.jsonl")])[0]
+                   for _ in range(args.runs))
+        package = subprocess.run([python, "-c", f"import os, {name}; print(os.path.dirname({name}.__file__))"],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        record(args, name, "peer", Path(package), texts, f1, runs, cold, load, layers=None)
 
 if __name__ == "__main__":
     with machine_lock():
