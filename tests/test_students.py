@@ -100,6 +100,51 @@ def test_select_layers_keeps_those_layers_in_order_and_refuses_others():
             encoders.select_layers(model, bad)
 
 
+def test_ffn_activity_is_the_mean_absolute_activation_over_real_tokens():
+    model, _ = encoders.tiny(["甲乙丙"], hidden_size=32, layers=2)
+    model.eval()
+    ids, mask = torch.tensor([[2, 5, 6, 3, 0], [2, 7, 3, 0, 0]]), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    seen = []
+    hook = model.encoder.layer[1].intermediate.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    activity = encoders.FfnActivity(model)
+    activity.mask = mask
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    activity.close()
+    hook.remove()
+    expected = torch.cat([seen[0][0, :4], seen[0][1, :3]]).abs().mean(0)  # 7 real tokens, padding left out
+    torch.testing.assert_close(activity.means()[1], expected)
+    assert not model.encoder.layer[0].intermediate._forward_hooks  # closed: no hook left behind
+
+
+def test_prune_ffn_keeps_the_most_important_neurons_and_the_layers_function_on_them():
+    model, _ = encoders.tiny(["甲乙丙"], hidden_size=32, layers=2)
+    model.eval()
+    inner = model.config.intermediate_size  # 128
+    ids, mask = torch.tensor([[2, 5, 6, 3]]), torch.ones(1, 4, dtype=torch.long)
+    with torch.no_grad():  # half the neurons of each layer never contribute: their output weights are zero
+        for layer in model.encoder.layer:
+            layer.output.dense.weight[:, 1::2] = 0
+        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    activity = [torch.rand(inner) + 0.5 for _ in model.encoder.layer]  # any activity: zero weights lose anyway
+    kept_up = model.encoder.layer[0].intermediate.dense.weight[0::2].clone()
+    encoders.prune_ffn(model, inner // 2, activity)
+    assert model.config.intermediate_size == inner // 2
+    assert torch.equal(model.encoder.layer[0].intermediate.dense.weight, kept_up)  # the even neurons, in order
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
+    # among neurons that all contribute, the activity decides: the most active half stays
+    model, _ = encoders.tiny(["甲乙丙"], hidden_size=32, layers=1)
+    with torch.no_grad():
+        model.encoder.layer[0].output.dense.weight.fill_(0.1)
+    up = model.encoder.layer[0].intermediate.dense.weight.clone()
+    encoders.prune_ffn(model, 3, [torch.tensor([0.0] * 100 + [5.0, 1.0, 9.0] + [0.0] * 25)])
+    assert torch.equal(model.encoder.layer[0].intermediate.dense.weight, up[[100, 101, 102]])
+    for bad in (0, inner + 1):
+        with pytest.raises(ValueError, match="--ffn-width"):
+            encoders.prune_ffn(model, bad, [torch.ones(3)])
+
+
 def test_an_ensemble_answers_the_mean_of_its_members():
     heads = lambda: {"ner": SoftmaxTagger(128, 3)}  # noqa: E731
     a = Model(encoders.tiny(["甲乙丙"], seed=1)[0], heads()).eval()
@@ -210,6 +255,27 @@ def test_a_sentence_embedding_student_keeps_the_teachers_similarities(tmp_path):
     a, b = (list(x) for x in zip(*(line.split("\t")[:2] for line in pairs.read_text(encoding="utf-8").splitlines())))
     t = zhie.load(tmp_path / "t" / "best").similarity(a, b)
     assert np.corrcoef(t, zhie.load(tmp_path / "s" / "best").similarity(a, b))[0, 1] >= 0.99  # cut alone: 0.987
+
+
+def test_a_student_with_narrower_feed_forward_blocks_agrees_saves_and_resumes(ner_files, tmp_path, monkeypatch):
+    teacher = trained("ner-gp")
+    args = dict(out=tmp_path / "s", dev=ner_files / "dev.jsonl", unlabelled=[ner_files / "unlabelled.txt"],
+                encoder_layers=2, ffn_width=128, config=_config(6), progress=False)
+    distill_student([teacher], ner_files / "train.jsonl", **args)
+    student = zhie.load(tmp_path / "s" / "best")
+    config = student.model.encoder.config
+    assert config.intermediate_size == 128 < zhie.load(teacher).model.encoder.config.intermediate_size
+    assert all(layer.intermediate.dense.out_features == 128 for layer in student.model.encoder.encoder.layer)
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(zhie.load(teacher), student, texts) >= 0.9
+    stored = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    assert len(stored["ffn_activity"]) == zhie.load(teacher).model.encoder.config.num_hidden_layers
+    monkeypatch.setattr(students, "teacher_targets", lambda *a, **k: pytest.fail("the teacher ran again"))
+    distill_student([teacher], ner_files / "train.jsonl", **args)  # finished: the stored activity is enough
+    with pytest.raises(ValueError, match="student.ffn_width: 128 -> 64"):
+        distill_student([teacher], ner_files / "train.jsonl", **{**args, "ffn_width": 64})
+    with pytest.raises(ValueError, match="--ffn-width narrows the teacher's layers"):
+        distill_student([teacher], ner_files / "train.jsonl", **{**args, "student": "conv", "out": tmp_path / "c"})
 
 
 @pytest.mark.parametrize("head", ["gp", "egp"])

@@ -27,11 +27,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from zhie.encoders import e5
 
@@ -291,6 +291,75 @@ def select_layers(model: nn.Module, indices, flag: str = "--keep-layers") -> nn.
         model.encoder.layer = nn.ModuleList([stack[i] for i in indices])
     model.config.num_hidden_layers = len(indices)
     return model
+
+
+def ffn_layers(model: nn.Module, flag: str = "--ffn-width") -> nn.ModuleList:
+    """The transformer layers of a BERT-like encoder whose feed-forward block is ``intermediate.dense`` (hidden ->
+    inner, then the activation) and ``output.dense`` (inner -> hidden): BERT, XLM-R (e5), RoFormer. ``flag`` names
+    the option in errors."""
+    stack = getattr(getattr(model, "encoder", None), "layer", None)
+    if not isinstance(stack, nn.ModuleList) or not all(
+            isinstance(getattr(getattr(layer, "intermediate", None), "dense", None), nn.Linear)
+            and isinstance(getattr(getattr(layer, "output", None), "dense", None), nn.Linear) for layer in stack):
+        raise ValueError(f"{flag}: a {type(model).__name__} has no BERT-like feed-forward blocks to narrow "
+                         "(intermediate.dense and output.dense in each layer); leave out the option")
+    return stack
+
+
+def prune_ffn(model: nn.Module, width: int, activity: Sequence[Tensor]) -> nn.Module:
+    """Keep ``width`` of the feed-forward neurons of every layer (:func:`ffn_layers`); in place. A neuron's
+    importance is ``activity[layer][j]`` (its mean absolute activation over real tokens of the training text,
+    :class:`FfnActivity`) times the norm of its output weights: its typical contribution to the layer's output.
+    The most important ``width`` keep their weights and order; ``config.intermediate_size`` becomes ``width``, so
+    the pruned model saves and loads as an ordinary one. Structured pruning of the inner width, as DynaBERT's and
+    PaddleNLP's width-pruned students (then distilled)."""
+    stack = ffn_layers(model)
+    inner = stack[0].intermediate.dense.out_features
+    if len(activity) != len(stack):
+        raise ValueError(f"{len(activity)} activity vectors for {len(stack)} layers")
+    if not 1 <= width <= inner:
+        raise ValueError(f"--ffn-width {width}: the feed-forward blocks are {inner} wide; keep 1 to {inner}")
+    with torch.no_grad():
+        for layer, act in zip(stack, activity):
+            up, down = layer.intermediate.dense, layer.output.dense
+            keep = torch.topk(act.to(down.weight) * down.weight.norm(dim=0), width).indices.sort().values
+            narrow_up, narrow_down = nn.Linear(up.in_features, width), nn.Linear(width, down.out_features)
+            narrow_up.weight.copy_(up.weight[keep])
+            narrow_up.bias.copy_(up.bias[keep])
+            narrow_down.weight.copy_(down.weight[:, keep])
+            narrow_down.bias.copy_(down.bias)
+            layer.intermediate.dense = narrow_up.to(up.weight)
+            layer.output.dense = narrow_down.to(down.weight)
+    model.config.intermediate_size = width
+    return model
+
+
+class FfnActivity:
+    """Forward hooks that sum each feed-forward neuron's absolute activation over the real tokens of the batches an
+    encoder runs (:func:`ffn_layers`); ``means()``: one vector per layer, the sum over the tokens counted. Set
+    ``mask`` (``[b, n]``, 1 for real tokens) before each forward pass; ``close()`` removes the hooks."""
+
+    def __init__(self, model: nn.Module) -> None:
+        stack = ffn_layers(model)
+        self.sums = [torch.zeros(layer.intermediate.dense.out_features) for layer in stack]
+        self.tokens = 0
+        self.mask: Tensor | None = None
+        self.handles = [layer.intermediate.register_forward_hook(self._hook(k)) for k, layer in enumerate(stack)]
+
+    def _hook(self, k: int):
+        def add(module, inputs, output: Tensor) -> None:
+            real = self.mask.to(output.device, output.dtype).unsqueeze(-1)
+            self.sums[k] += (output.abs() * real).sum((0, 1)).float().cpu()
+            if k == 0:
+                self.tokens += int(self.mask.sum())
+        return add
+
+    def means(self) -> list[Tensor]:
+        return [s / max(self.tokens, 1) for s in self.sums]
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
 
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

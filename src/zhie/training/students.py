@@ -129,15 +129,18 @@ def teacher_identity(teachers: list[str | os.PathLike], files: dict[str, str], s
 
 @torch.no_grad()
 def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
-                    progress: bool = False) -> list:
+                    progress: bool = False, activity: encoders.FfnActivity | None = None) -> list:
     """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order; batches
-    of similar length where the task's items have ``ids`` (``group_by_length``), else in item order."""
+    of similar length where the task's items have ``ids`` (``group_by_length``), else in item order. ``activity``
+    (hooked on the teacher's encoder, or on an ensemble's first) counts the feed-forward activations meanwhile."""
     task, model = teacher.task, teacher.model
     lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
     targets: list = [None] * len(items)
     batches = list(sorted_batches(lengths, batch_size))
     for k, idx in enumerate(batches):
         batch = task.collate([items[i] for i in idx])
+        if activity is not None:
+            activity.mask = batch["attention_mask"]
         output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                        heads=[task.head_name])[task.head_name]
         for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
@@ -168,7 +171,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
-                    head: str | None = None,
+                    ffn_width: int | None = None, head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
     """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
@@ -176,8 +179,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     ``out/best``. Returns the loop's summary. See the module's docstring for the recipe.
 
     ``student`` (:func:`student_model`): ``"cut"`` keeps the teacher layers of :func:`student_layers`
-    (``keep_layers``, ``encoder_layers``); ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default
-    4) of ``width`` over the teacher's embeddings, with ``head`` (:func:`other_head`) if given."""
+    (``keep_layers``, ``encoder_layers``), their feed-forward blocks narrowed to ``ffn_width`` neurons if given
+    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets);
+    ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
+    embeddings, with ``head`` (:func:`other_head`) if given."""
     if not 0 <= hard_weight <= 1:
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
@@ -201,6 +206,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if student not in STUDENTS:
         raise ValueError(f"--student {student}: choose one of {', '.join(STUDENTS)}")
     kept = student_layers(keep_layers, encoder_layers, total) if student == "cut" else None
+    if ffn_width is not None and student != "cut":
+        raise ValueError("--ffn-width narrows the teacher's layers: it is for --student cut (a conv student's width "
+                         "is --width)")
+    if ffn_width is not None:
+        encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
     if head is not None and head != getattr(student_task.config, "head", None):
         student_task = other_head(student_task, head, resolve_model_dir(teachers[0]), student)
@@ -210,23 +220,29 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
               "head": getattr(student_task.config, "head", None),
-              **({"kept_layers": kept} if student == "cut" else {"conv_layers": encoder_layers or 4, "width": width,
+              **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else {"conv_layers": encoder_layers or 4, "width": width,
                                                      "residual": STUDENT_RESIDUAL}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
                                 {"temperature": temperature, "max_unlabelled": max_unlabelled, "format": format})
-    lessons = stored_lessons(out, identity, resume)
-    if lessons is None:
+    stored = stored_lessons(out, identity, resume)
+    if stored is None or (ffn_width is not None and "ffn_activity" not in stored):
         items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
-        targets = teacher_targets(teacher, items, 64, temperature, device, progress)
-        lessons = [Lesson(it, t) for it, t in zip(items, targets)]
+        activity = encoders.FfnActivity(first.encoder) if ffn_width is not None else None
+        targets = teacher_targets(teacher, items, 64, temperature, device, progress, activity)
+        stored = {"identity": identity, "lessons": [Lesson(it, t) for it, t in zip(items, targets)]}
+        if activity is not None:
+            stored["ffn_activity"] = activity.means()
+            activity.close()
         if is_main_process():
             path = out / TARGETS
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.save({"identity": identity, "lessons": lessons}, f))
+            atomic_write(path, lambda f: torch.save(stored, f))
+    lessons = stored["lessons"]
+    ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
 
-    model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed)
+    model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -267,14 +283,17 @@ def other_head(task, head: str, directory: Path, student: str):
 
 
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
-                  seed: int) -> Model:
-    """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` and the
-    teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width``
+                  seed: int, ffn: tuple[int, list[Tensor]] | None = None) -> Model:
+    """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
+    feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`)
+    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width``
     (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width."""
     if kind == "cut":
         model = Model(copy.deepcopy(teacher.encoder), copy.deepcopy(dict(teacher.heads.items())))
         encoders.select_layers(model.encoder, kept)
+        if ffn is not None:
+            encoders.prune_ffn(model.encoder, *ffn)
     else:
         from zhie.encoders.conv import conv_student
 
@@ -284,15 +303,16 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
     return model.cpu().train()
 
 
-def stored_lessons(out: Path, identity: dict, resume: bool) -> list[Lesson] | None:
-    """The lessons stored in ``out`` by an earlier run with the same ``identity``; None when there are none (or
-    ``resume`` is off). A run directory that holds a checkpoint of another teacher or data is refused."""
+def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
+    """What an earlier run with the same ``identity`` stored in ``out`` (``{"identity", "lessons"}``, and
+    ``"ffn_activity"`` where it measured it); None when there is none (or ``resume`` is off). A run directory that
+    holds a checkpoint of another teacher or data is refused."""
     path = out / TARGETS
     if not resume or not path.exists():
         return None
     stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
     if stored["identity"] == identity:
-        return stored["lessons"]
+        return stored
     if (out / "checkpoint.pt").exists():
         changed = sorted(k for k in identity if stored["identity"].get(k) != identity[k])
         raise ValueError(f"{out} holds a distillation from other {', '.join(changed)}: resuming would mix two runs; "
