@@ -4,6 +4,8 @@ edit to the task."""
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import pytest
 
 import zhie
@@ -59,7 +61,7 @@ def test_a_package_s_heads_come_through_the_entry_points(monkeypatch):
         def load(self):
             register_head("plugged", "span", NER_HEADS["egp"].build)
 
-    monkeypatch.setattr(ner, "entry_points", lambda group: [Entry()] if group == ner.HEAD_GROUP else [])
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Entry()] if group == ner.HEAD_GROUP else [])
     monkeypatch.setattr(ner, "_heads_discovered", False)
     try:
         assert NerConfig(["PER"], head="plugged").head == "plugged" and "plugged" in SPAN_HEADS

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from zhie import tasks
 from zhie.core.files import atomic_write_text, check_file_target
-from zhie.data import FORMATS, label_studio
+from zhie.data import FORMATS
 from zhie.deploy import stream
 from zhie.precision import PRECISIONS
 from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags, positive_int
@@ -371,7 +371,7 @@ def cmd_predict(args) -> None:
     if args.output:
         check_file_target(Path(args.output))
     pipe = zhie.load(args.model, device=args.device, precision=args.precision)
-    if args.output_format == "label-studio" and pipe.task.output_key not in label_studio.OUTPUT_KEYS:
+    if args.output_format == "label-studio" and pipe.task.output_key not in _label_studio().OUTPUT_KEYS:
         raise ValueError(f"{args.model} is a {pipe.task.name} model, whose predictions have no Label Studio form: "
                          "--output-format label-studio is for NER, word segmentation and relation models")
     write_outputs(args, pipe)
@@ -453,12 +453,20 @@ def output_line(task, line: stream.Line, prediction, plain=None, record=None) ->
     return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
 
 
+def _label_studio():
+    """:mod:`zhie.data.label_studio`, imported when asked for (it is not on the path of a plain ``zhie predict``)."""
+    from zhie.data import label_studio
+
+    return label_studio
+
+
 def label_studio_lines(args, task, results) -> Iterator[str]:
     """``zhie predict --output-format label-studio``: a JSON list of Label Studio tasks, one a line and one per input
     line (the first line opens the list, one more closes it): the text and its prediction as a pre-annotation
     (:func:`zhie.data.label_studio.prediction_task`), or for a bad line skipped with ``--skip-bad-lines`` an empty
     text and in ``meta`` the file, line and error."""
     names = {"from_name": args.ls_from_name, "to_name": args.ls_to_name, "data_key": args.ls_data_key}
+    label_studio = _label_studio()
     config = label_studio.LabelConfig(**{k: v for k, v in names.items() if v is not None})
     version = args.ls_model_version or label_studio.model_version(resolve_model_dir(args.model), task.name)
     opening = "["

@@ -35,7 +35,6 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -102,6 +101,8 @@ def _discover_heads() -> None:
     global _heads_discovered
     if not _heads_discovered:
         _heads_discovered = True
+        from importlib.metadata import entry_points  # ~16 ms to import: only where a plugin is looked for
+
         for entry in entry_points(group=HEAD_GROUP):
             entry.load()
 
