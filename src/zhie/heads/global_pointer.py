@@ -162,8 +162,11 @@ class EfficientGlobalPointer(_SpanScorer):
         c = self.bias_dense(p) / 2  # [b, n, 2 * heads], from the pre-RoPE p
         start = c[..., 1::2].transpose(1, 2).unsqueeze(-1)  # [b, heads, n, 1]: row term c_{2a+1}(i)
         end = c[..., 0::2].transpose(1, 2).unsqueeze(-2)  # [b, heads, 1, n]: column term c_{2a}(j)
-        logits = base.unsqueeze(1) + start + end
-        return mask_span_logits(logits, self._mask(attention_mask), self.tril_mask)
+        # The masks go on the shared [b, 1, n, n] term before the per-type terms are added: the same logits with
+        # one pass over [b, heads, n, n] fewer (the masked cells are masking_value + start + end, which is
+        # masking_value itself in fp32 and bf16 while |start|, |end| < 32768, and stays far below the losses'
+        # masked band, -1e4, in fp16).
+        return mask_span_logits(base.unsqueeze(1), self._mask(attention_mask), self.tril_mask) + start + end
 
 
 @dataclass
