@@ -321,28 +321,33 @@ def students_table(section: str = "s/") -> str:
 
 
 def tradeoff_table() -> str:
-    """``benchmarks/tradeoff.py``'s rows: F1 against speed through ``zhie predict``, per model and variant."""
+    """``benchmarks/tradeoff.py``'s rows: F1 against speed through ``zhie predict``, per dataset, model and variant
+    (``peer``: an offline peer run the same way; its F1 on the labels it shares with the dataset, "–" for none)."""
     body = []
     for r in rows("tradeoff.jsonl"):
         share = r.get("encoder_share_of_peak")
-        body.append([r["model"], r["variant"], r["layers"] or "–", pct(r["dev_f1"]), f"**{r['sentences_per_s']:,.0f}**",
-                     f"{r['characters_per_s']:,.0f}", f"{r['cold_start_s']:.2f}", r["peak_rss_mb"], f"{r['size_mb']:g}",
-                     "–" if share is None else f"{100 * share:.0f}",
+        body.append([DATASETS[r["dataset"]], r["model"], r["variant"], r["layers"] or "–", pct(r["dev_f1"]),
+                     f"**{r['sentences_per_s']:,.0f}**", f"{r['characters_per_s']:,.0f}", f"{r['cold_start_s']:.2f}",
+                     r["peak_rss_mb"], f"{r['size_mb']:g}", "–" if share is None else f"{100 * share:.0f}",
                      f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}", r["date"]])
-    return table(["model", "variant", "layers", "dev F1", "sentences/s", "characters/s", "cold start s", "peak RSS MB",
-                  "size MB", "encoder % of peak", "load before / after", "date"], body, right="23456789")
+    return table(["dataset", "model", "variant", "layers", "dev F1", "sentences/s", "characters/s", "cold start s",
+                  "peak RSS MB", "size MB", "encoder % of peak", "load before / after", "date"], body,
+                 right="3456789")
 
 
 def tradeoff_plot(path: Path) -> None:
-    """Dev F1 against sentences/s (log scale) of every tradeoff row, one marker per variant."""
+    """Dev F1 against sentences/s (log scale) of every CLUENER tradeoff row with an F1, one marker per variant."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, marker in (("torch", "s"), ("fp32", "o"), ("int8", "^")):
-        rs = [r for r in rows("tradeoff.jsonl") if r["variant"] == variant]
+    for variant, marker in (("torch", "s"), ("fp32", "o"), ("int8", "^"), ("peer", "*")):
+        rs = [r for r in rows("tradeoff.jsonl")
+              if r["variant"] == variant and r["dataset"] == "cluener" and r["dev_f1"] is not None]
+        if not rs:
+            continue
         ax.scatter([r["sentences_per_s"] for r in rs], [100 * r["dev_f1"] for r in rs], marker=marker, label=variant)
         for r in rs:
             ax.annotate(r["model"], (r["sentences_per_s"], 100 * r["dev_f1"]), fontsize=7, xytext=(3, 3),
