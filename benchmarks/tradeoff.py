@@ -4,8 +4,8 @@ process on this machine, for each model as it is (torch fp32) and as an export (
     python benchmarks/tradeoff.py --dataset cluener --model teacher=runs/cluener-gp/best \\
         --model student-4=runs/students/student/best --out runs/tradeoff
 
-For every model and variant: the dev F1 (``zhie eval``), sentences/s and characters/s over the dev + test texts
-(best of ``--runs``, process start included), the cold start (``zhie predict VARIANT TEXT``, one short text, best
+For every model and variant: the dev F1 (``zhie eval``), sentences/s and characters/s over the set's texts
+(:func:`dataset`: CLUENER's 2,688 dev + test texts; best of ``--runs``, process start included), the cold start (``zhie predict VARIANT TEXT``, one short text, best
 of ``--runs``), the peak resident memory of the predicting process, and the size on disk. The exports are made once
 in ``OUT/exports`` (int8: ``--per-channel --reduce-range``, the accurate setting on CPUs without VNNI). Each row
 appends one JSON line to ``benchmarks/results/tradeoff.jsonl`` with the load average before and after.
@@ -29,13 +29,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from common import DATA, append_result, machine, machine_lock
+from ner import dataset_files
 from roofline import encoder_flops, int8_matmul_peak, matmul_peak
 
 from zhie.core.metrics import span_prf
 from zhie.data import read_ner
 
-SETS = {"cluener": ("ner/cluener/dev.json", "ner/cluener/test.json"),
-        "peoples_daily": ("ner/peoples_daily/example.dev",), "cmeee": ("ner/cmeee/dev.json",)}
+DATASETS = ("cluener", "peoples_daily", "cmeee")
 EXPORTS = {"fp32": [], "int8": ["--quantize", "int8", "--per-channel", "--reduce-range"]}
 
 
@@ -52,6 +52,19 @@ def timed(argv: list[str]) -> tuple[float, float]:
 
 def size_mb(directory: Path) -> float:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
+
+
+def dataset(name: str, out: Path) -> tuple[Path, list[str]]:
+    """``(the file F1 is scored on, the texts timed)``: the dev file's texts first, then the set's other unlabelled
+    or training texts up to a file of >= 2,300 sentences. CLUENER: dev, then test (2,688 texts); People's Daily: the
+    dev part of ``benchmarks/ner.py``'s fixed 80/20 split of its file, then the training part (2,318 texts: the F1
+    never counts a text a model trained on); CMeEE: dev."""
+    if name == "peoples_daily":
+        train, dev = dataset_files(name, out)
+        return dev, [ex.text for f in (dev, train) for ex in read_ner(f)]
+    dev = DATA / "ner" / name / "dev.json"
+    others = [DATA / "ner" / name / "test.json"] if name == "cluener" else []
+    return dev, [ex.text for f in (dev, *others) for ex in read_ner(f)]
 
 
 def cut(model: Path, layers: int, out: Path) -> Path:
@@ -111,7 +124,7 @@ def record(args, name: str, variant: str, path: Path, texts: list[str], f1: floa
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="cluener", choices=sorted(SETS))
+    p.add_argument("--dataset", default="cluener", choices=DATASETS)
     p.add_argument("--model", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--cut", action="append", default=[], metavar="NAME=DIR:LAYERS",
                    help="also DIR's model cut to its first LAYERS layers, untrained (speed of that depth)")
@@ -124,8 +137,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    files = [DATA / f for f in SETS[args.dataset]]
-    texts = [ex.text for f in files for ex in read_ner(f)]
+    dev, texts = dataset(args.dataset, out)
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
     peaks["torch"] = peaks["fp32"]
@@ -137,7 +149,7 @@ def main() -> None:
     for name, directory in models:
         for variant, path in variants(name, Path(directory), out, args.variants.split(",")):
             load = os.getloadavg()
-            subprocess.run(["zhie", "eval", str(path), "--data", str(files[0]), "--json", str(out / "eval.json")],
+            subprocess.run(["zhie", "eval", str(path), "--data", str(dev), "--json", str(out / "eval.json")],
                            check=True, stdout=subprocess.DEVNULL)
             f1 = json.loads((out / "eval.json").read_text(encoding="utf-8"))["micro"]["f1"]
             predict = ["zhie", "predict", str(path), "--input", str(out / "texts.txt"), "--output",
@@ -152,7 +164,7 @@ def main() -> None:
                    layers=getattr(config, "num_hidden_layers", None),
                    encoder_share_of_peak=flops / min(w for w, _ in runs) / peaks[variant] if flops else None,
                    peak_gflops=round(peaks[variant] / 1e9, 1))
-    gold = read_ner(files[0])
+    gold = read_ner(dev)
     script = str(Path(__file__).resolve().parent / "peer_predict.py")
     for spec in args.peer:
         name, _, python = spec.partition("=")
