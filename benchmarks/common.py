@@ -26,8 +26,9 @@ LOCK_HELD_ENV = "ZHIE_MACHINE_LOCK_HELD"  # set by the campaign runner for the r
 @contextmanager
 def machine_lock(directory: Path = CAMPAIGN_DIR):
     """Hold the machine for one benchmark: a second benchmark (or the campaign runner's next row) waits until this
-    one ends, so that two never share the cores. A row started by the runner, which holds the lock, passes."""
-    if os.environ.get(LOCK_HELD_ENV):
+    one ends, so that two never share the cores. A row started by the runner, which holds the lock, passes, and so
+    does ``--help`` (it measures nothing)."""
+    if os.environ.get(LOCK_HELD_ENV) or {"-h", "--help"} & set(sys.argv[1:]):
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ training time (speed is measured apart, on a quiet machine, through ``zhie predi
     python benchmarks/students.py --teacher T --dataset cluener --layers 4 --wiki-sentences 20000 --out runs/students
     python benchmarks/students.py --teacher T --student conv --width 256 --layers 4 --epochs 6 --out runs/conv
 
-Datasets: those of ``benchmarks/ner.py`` (People's Daily: its fixed 80/20 split). The unlabelled text the teacher
+Datasets: those of ``benchmarks/ner.py`` (People's Daily: its fixed 80/20 split), and SXU word segmentation (its
+train and test files; the teacher is a ``zhie train cws`` model). The unlabelled text the teacher
 labels: the dataset's unlabelled test texts (CLUENER; the others have none), and with ``--wiki-sentences N`` the
 first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
 written to ``OUT/unlabelled.txt``. Each run appends one JSON line to ``benchmarks/results/students.jsonl``.
@@ -31,6 +32,12 @@ from zhie.training.report import read_metrics
 from zhie.training.students import distill_student
 
 UNLABELLED = {"cluener": "ner/cluener/test.json"}  # a set's own unlabelled texts (the others: --wiki-sentences)
+CWS = {"sxu": ("cws/sxu/train.txt", "cws/sxu/test.txt")}  # word segmentation sets: (train, dev)
+
+
+def files(dataset: str, out: Path) -> tuple[Path, Path]:
+    """``(train, dev)`` of ``dataset``: a CWS set's files, else ``benchmarks/ner.py``'s."""
+    return (DATA / CWS[dataset][0], DATA / CWS[dataset][1]) if dataset in CWS else dataset_files(dataset, out)
 
 
 def wiki_sentences(n: int) -> list[str]:
@@ -44,23 +51,30 @@ def wiki_sentences(n: int) -> list[str]:
     return out
 
 
-def teachers(args) -> list[Path]:
+def teachers(args, train: Path, dev: Path) -> list[Path]:
     """The teacher directories; with ``--train-teacher ARGS``, one that does not exist (a fresh machine keeps no model
-    of an earlier session) is trained first by ``benchmarks/ner.py ARGS --out`` the directory two levels above it
-    (``RUN/cluener-gp/best`` -> ``RUN``: the teacher row's own run directory, where the next student row finds it),
-    with the teacher row's command: the same seed gives the same model on the same machine."""
+    of an earlier session) is trained first, with the teacher row's arguments (the same seed gives the same model on
+    the same machine), where the teacher row put it: a NER teacher by ``benchmarks/ner.py ARGS --out`` the directory
+    two levels above it (``RUN/cluener-gp/best`` -> ``RUN``); a CWS teacher by ``zhie train cws --train TRAIN --dev
+    DEV ARGS --out`` its parent (``RUN/best`` -> ``RUN``)."""
     for teacher in map(Path, args.teacher):
-        if not teacher.exists() and args.train_teacher:
-            subprocess.run([sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(args.train_teacher),
-                            "--out", str(teacher.parents[1])], check=True)
+        if teacher.exists() or not args.train_teacher:
+            continue
+        if args.dataset in CWS:
+            command = [sys.executable, "-m", "zhie", "train", "cws", "--train", str(train), "--dev", str(dev),
+                       *shlex.split(args.train_teacher), "--out", str(teacher.parent)]
+        else:
+            command = [sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(args.train_teacher),
+                       "--out", str(teacher.parents[1])]
+        subprocess.run(command, check=True)
     return [Path(t) for t in args.teacher]
 
 
 def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, dev = dataset_files(args.dataset, out)  # benchmarks/ner.py's files (People's Daily: its fixed split)
-    teacher_dirs = teachers(args)
+    train, dev = files(args.dataset, out)
+    teacher_dirs = teachers(args, train, dev)
     unlabelled = out / "unlabelled.txt"
     own = read_texts(DATA / UNLABELLED[args.dataset]) if args.dataset in UNLABELLED else []
     texts = own + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
@@ -94,9 +108,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", action="append", required=True, help="teacher model directory; repeat: ensemble")
     p.add_argument("--train-teacher", default=None, metavar="ARGS",
-                   help="benchmarks/ner.py's arguments that train a --teacher that does not exist (into the directory "
-                        "two levels above it: RUN/cluener-gp/best is trained with --out RUN)")
-    p.add_argument("--dataset", default="cluener", choices=DATASETS)
+                   help="the arguments that train a --teacher that does not exist: benchmarks/ner.py's (into the "
+                        "directory two levels above it: RUN/cluener-gp/best is trained with --out RUN), or for a CWS "
+                        "set zhie train cws's besides --train, --dev and --out (RUN/best: --out RUN)")
+    p.add_argument("--dataset", default="cluener", choices=[*DATASETS, *CWS])
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
     p.add_argument("--student", default="cut", choices=["cut", "conv"])

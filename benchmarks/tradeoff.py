@@ -5,15 +5,16 @@ process on this machine, for each model as it is (torch fp32) and as an export (
         --model student-4=runs/students/student/best --out runs/tradeoff
 
 For every model and variant: the dev F1 (``zhie eval``), sentences/s and characters/s over the set's texts
-(:func:`dataset`: CLUENER's 2,688 dev + test texts; best of ``--runs``, process start included), the cold start (``zhie predict VARIANT TEXT``, one short text, best
-of ``--runs``), the peak resident memory of the predicting process, and the size on disk. The exports are made once
-in ``OUT/exports`` (int8: ``--per-channel --reduce-range``, the accurate setting on CPUs without VNNI). Each row
-appends one JSON line to ``benchmarks/results/tradeoff.jsonl`` with the load average before and after.
+(:func:`dataset`: CLUENER's 2,688 dev + test texts; best of ``--runs``, process start included), the cold start
+(``zhie predict VARIANT TEXT``, one short text, best of ``--runs``), the peak resident memory of the predicting
+process, and the size on disk. The exports are made once in ``OUT/exports`` (int8: ``--per-channel --reduce-range``,
+the accurate setting on CPUs without VNNI). Each row appends one JSON line to ``benchmarks/results/tradeoff.jsonl``
+with the load average before and after.
 
 ``--peer NAME=PYTHON`` adds an offline peer, timed the same way (``PYTHON benchmarks/peer_predict.py NAME --input
-FILE --output FILE``, PYTHON the interpreter of an environment where the peer is installed); its dev F1 counts only
-the labels it shares with the dataset's (People's Daily: PER, LOC and ORG) and is left out when it shares none
-(CLUENER's ten finer types).
+FILE --output FILE``, PYTHON the interpreter of an environment where the peer is installed): a segmenter on SXU (its
+word F1), a NER peer on a NER set, its F1 counting only the labels it shares with the dataset's (People's Daily: PER,
+LOC and ORG) and left out when it shares none (CLUENER's ten finer types).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from types import SimpleNamespace
 
 from common import DATA, append_result, machine, machine_lock
 from ner import dataset_files
+from peer_predict import PEERS
 from roofline import encoder_flops, int8_matmul_peak, matmul_peak
 
-from zhie.core.metrics import span_prf
+from zhie.core.metrics import segmentation_prf, span_prf
 from zhie.data import read_ner
+from zhie.data.cws import read_segmented
 
-DATASETS = ("cluener", "peoples_daily", "cmeee")
+DATASETS = ("cluener", "peoples_daily", "cmeee", "sxu")
 EXPORTS = {"fp32": [], "int8": ["--quantize", "int8", "--per-channel", "--reduce-range"]}
 
 
@@ -54,17 +57,19 @@ def size_mb(directory: Path) -> float:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
 
 
-def dataset(name: str, out: Path) -> tuple[Path, list[str]]:
-    """``(the file F1 is scored on, the texts timed)``: the dev file's texts first, then the set's other unlabelled
-    or training texts up to a file of >= 2,300 sentences. CLUENER: dev, then test (2,688 texts); People's Daily: the
-    dev part of ``benchmarks/ner.py``'s fixed 80/20 split of its file, then the training part (2,318 texts: the F1
-    never counts a text a model trained on); CMeEE: dev."""
+def dataset(name: str, out: Path) -> tuple[Path, list]:
+    """``(the file F1 is scored on, its examples first, then other texts timed)``, a file of >= 2,300 sentences.
+    CLUENER: dev, then test (2,688 texts); People's Daily: the dev part of ``benchmarks/ner.py``'s fixed 80/20
+    split of its file, then the training part (2,318 texts: the F1 never counts a text a model trained on); CMeEE:
+    dev (1,000); SXU word segmentation: its test file (3,654 sentences)."""
+    if name == "sxu":
+        test = DATA / "cws" / "sxu" / "test.txt"
+        return test, read_segmented(test)
     if name == "peoples_daily":
         train, dev = dataset_files(name, out)
-        return dev, [ex.text for f in (dev, train) for ex in read_ner(f)]
+        return dev, read_ner(dev) + read_ner(train)
     dev = DATA / "ner" / name / "dev.json"
-    others = [DATA / "ner" / name / "test.json"] if name == "cluener" else []
-    return dev, [ex.text for f in (dev, *others) for ex in read_ner(f)]
+    return dev, read_ner(dev) + (read_ner(DATA / "ner" / name / "test.json") if name == "cluener" else [])
 
 
 def cut(model: Path, layers: int, out: Path) -> Path:
@@ -95,11 +100,15 @@ def variants(name: str, model: Path, out: Path, which: list[str]) -> list[tuple[
     return found
 
 
-def peer_f1(gold: list, output: Path) -> float | None:
-    """Micro F1 of a peer's output (JSON lines whose first ``len(gold)`` are the dev texts) on the labels it shares
-    with ``gold`` (None when it shares none)."""
+def peer_f1(gold: list, output: Path, key: str) -> float | None:
+    """F1 of a peer's output (JSON lines whose first ``len(gold)`` are the dev texts): word F1 for a segmenter
+    (``key`` "words"), else micro F1 on the labels it shares with ``gold`` (None when it shares none)."""
     with output.open(encoding="utf-8") as f:
-        rows = [json.loads(line)["entities"] for line, _ in zip(f, gold)]
+        rows = [json.loads(line)[key] for line, _ in zip(f, gold)]
+    if key == "words":
+        pred = [[(w["start"], w["end"], "") for w in row] for row in rows]
+        return segmentation_prf([ex.spans for ex in gold], pred, [[s.text for s in ex.spans] for ex in gold],
+                                set())["f1"]
     shared = {s.label for ex in gold for s in ex.spans} & {e["label"] for row in rows for e in row}
     if not shared:
         return None
@@ -137,7 +146,8 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dev, texts = dataset(args.dataset, out)
+    dev, examples = dataset(args.dataset, out)
+    texts = [ex.text for ex in examples]
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
     peaks["torch"] = peaks["fp32"]
@@ -151,7 +161,8 @@ def main() -> None:
             load = os.getloadavg()
             subprocess.run(["zhie", "eval", str(path), "--data", str(dev), "--json", str(out / "eval.json")],
                            check=True, stdout=subprocess.DEVNULL)
-            f1 = json.loads((out / "eval.json").read_text(encoding="utf-8"))["micro"]["f1"]
+            scores = json.loads((out / "eval.json").read_text(encoding="utf-8"))
+            f1 = scores["micro"]["f1"] if "micro" in scores else scores["f1"]  # NER's micro average; CWS's word F1
             predict = ["zhie", "predict", str(path), "--input", str(out / "texts.txt"), "--output",
                        str(out / "out.jsonl"), "--batch-size", str(args.batch_size)]
             runs = [timed(predict) for _ in range(args.runs)]
@@ -164,18 +175,22 @@ def main() -> None:
                    layers=getattr(config, "num_hidden_layers", None),
                    encoder_share_of_peak=flops / min(w for w, _ in runs) / peaks[variant] if flops else None,
                    peak_gflops=round(peaks[variant] / 1e9, 1))
-    gold = read_ner(dev)
+    gold = examples[:len(read_segmented(dev) if args.dataset == "sxu" else read_ner(dev))]
     script = str(Path(__file__).resolve().parent / "peer_predict.py")
     for spec in args.peer:
         name, _, python = spec.partition("=")
         load = os.getloadavg()
         predict = [python, script, name, "--input", str(out / "texts.txt"), "--output", str(out / "out.jsonl")]
         runs = [timed(predict) for _ in range(args.runs)]
-        f1 = peer_f1(gold, out / "out.jsonl")
+        key, module, _ = PEERS[name]
+        if (key == "words") != (args.dataset == "sxu"):
+            raise SystemExit(f"--peer {name}: a {'segmenter' if key == 'words' else 'NER peer'} does not fit the "
+                             f"{args.dataset} set")
+        f1 = peer_f1(gold, out / "out.jsonl", key)
         (out / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
         cold = min(timed([python, script, name, "--input", str(out / "one.txt"), "--output", str(out / "one.jsonl")])[0]
                    for _ in range(args.runs))
-        package = subprocess.run([python, "-c", f"import os, {name}; print(os.path.dirname({name}.__file__))"],
+        package = subprocess.run([python, "-c", f"import os, {module}; print(os.path.dirname({module}.__file__))"],
                                  check=True, capture_output=True, text=True).stdout.strip()
         record(args, name, "peer", Path(package), texts, f1, runs, cold, load, layers=None)
 
