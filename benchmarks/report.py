@@ -307,7 +307,9 @@ def students_table(section: str = "s/") -> str:
     for line in campaign(section):
         for r in line["results"]:
             if "student" in r:
-                kind = (f"{r['layers']} layers ({r['keep_layers']})" if r["student"] == "cut" else
+                kind = (f"{r['layers']} layers ({r['keep_layers']})" + (f", feed-forward {r['ffn_width']}"
+                                                                        if r.get("ffn_width") else "")
+                        if r["student"] == "cut" else
                         f"conv {r['layers']} x {r['width']}" + (f", {r['head']}" if r.get("head") else ""))
                 steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
             else:  # the teacher's row (benchmarks/ner.py)
