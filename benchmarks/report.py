@@ -376,7 +376,8 @@ EXPORT_VARIANTS = {
     "int8-reduce-range": "int8, 7-bit weights (`--reduce-range`)",
     "int8-per-channel-reduce-range": "int8 per channel, 7-bit (`--per-channel --reduce-range`)",
 }
-DATASETS = {"cluener": "CLUENER", "peoples_daily": "People's Daily", "cmeee": "CMeEE", "pd": "People's Daily"}
+DATASETS = {"cluener": "CLUENER", "peoples_daily": "People's Daily", "cmeee": "CMeEE", "pd": "People's Daily",
+            "sxu": "SXU (CWS)"}
 
 
 def export_table(*keys: str) -> str:
