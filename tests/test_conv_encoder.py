@@ -69,7 +69,8 @@ def test_outputs_are_a_berts(residual):
         torch.testing.assert_close(states[0], model.embeddings(torch.tensor(ids)), rtol=0, atol=0)
     # dilations cycle over the blocks; padding keeps each block's output as long as its input
     assert [b.conv.dilation for b in small(num_hidden_layers=5, residual=residual).encoder.layer] == [1, 2, 4, 1, 2]
-    assert hidden(small(kernel_size=5, dilations=[3], residual=residual), ids, mask).last_hidden_state.shape == (2, 5, 16)
+    wide = small(kernel_size=5, dilations=[3], residual=residual)
+    assert hidden(wide, ids, mask).last_hidden_state.shape == (2, 5, 16)
 
 
 def test_a_scaled_stack_adds_each_blocks_scaled_update_and_normalises_once():
@@ -90,6 +91,18 @@ def test_a_scaled_stack_adds_each_blocks_scaled_update_and_normalises_once():
     assert sum("LayerNorm" in name for name, _ in small(residual="postnorm").encoder.named_parameters()) == 6
     fresh = ConvModel(ConvConfig(vocab_size=40, embedding_size=12, hidden_size=16, residual="scaled"))
     assert all(block.scale.item() == 1.0 for block in fresh.encoder.layer)
+
+
+@pytest.mark.parametrize("kernel_size,dilation", [(1, 1), (3, 1), (3, 2), (5, 4)])
+def test_the_dilated_convolution_is_torchs_conv1d(kernel_size, dilation):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        conv, x = DilatedConv1d(8, kernel_size, dilation), torch.randn(2, 7, 8)  # 7 tokens: reach 8 at (5, 4)
+    weight = conv.weight.detach().view(8, kernel_size, 8).permute(0, 2, 1)  # [out, in, kernel]
+    expected = F.conv1d(x.transpose(1, 2), weight, conv.bias.detach(), dilation=dilation,
+                        padding=dilation * (kernel_size - 1) // 2).transpose(1, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_configurations_say_what_is_wrong():
@@ -165,7 +178,8 @@ def ner(tmp_path_factory, request):
     write_ner_jsonl(nested_corpus(160, seed=1), out / "train.jsonl")
     write_ner_jsonl(nested_corpus(40, seed=2), out / "dev.jsonl")
     config = TrainConfig(epochs=6, batch_size=16, lr=2e-3, head_lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
-    result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder=f"{SPEC},residual={request.param}", head="gp",
+    result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run",
+                      encoder=f"{SPEC},residual={request.param}", head="gp",
                       max_length=64, config=config, resume=False, progress=False)
     return result, out / "run" / "best"
 

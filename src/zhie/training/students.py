@@ -34,10 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from zhie import encoders
-from zhie.encoders.conv import STUDENT_RESIDUAL
 from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
+from zhie.encoders.conv import STUDENT_RESIDUAL
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator
 from zhie.tasks.batching import seeded, sorted_batches
@@ -220,8 +220,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
               "head": getattr(student_task.config, "head", None),
-              **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else {"conv_layers": encoder_layers or 4, "width": width,
-                                                     "residual": STUDENT_RESIDUAL}),
+              **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
+                 {"conv_layers": encoder_layers or 4, "width": width, "residual": STUDENT_RESIDUAL}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
