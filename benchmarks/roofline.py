@@ -8,6 +8,8 @@ activations, softmax and the heads are left out (a few % for these encoders). Fo
   ``n * (8 d^2 + 4 d f) + 4 n^2 d``  (Q, K, V, O projections; two FFN matmuls; ``QK^T`` and ``AV``)
 * GAU-α (hidden ``d``, expansion ``e``, key size ``s``, quadratic attention):
   ``n * (2 d (2e + s) + 2 e d) + 2 n^2 (s + e)``  (U, V, Z in one projection; O; ``QK^T``; ``AV``)
+* zhie's convolutional encoder (width ``d``, kernel ``k``): ``2 n k d^2`` per block (one ``k d -> d`` product per
+  token), plus the embeddings' projection ``2 n e d`` (embedding width ``e``) counted once
 
 Training is counted as 3 x forward (the backward pass computes two matmuls per forward one).
 
@@ -29,6 +31,8 @@ TRAINING_FACTOR = 3  # forward + backward matmuls, relative to the forward's
 def layer_flops(config, n: int) -> float:
     """Forward FLOPs of one encoder layer over one sequence of ``n`` tokens (module docstring)."""
     d = config.hidden_size
+    if getattr(config, "model_type", "") == "zhie_conv":
+        return 2 * n * config.kernel_size * d * d
     if getattr(config, "model_type", "") == "gau_alpha":
         e, s = config.intermediate_size, config.attention_key_size
         return n * (2 * d * (2 * e + s) + 2 * e * d) + 2 * n * n * (s + e)
@@ -38,7 +42,9 @@ def layer_flops(config, n: int) -> float:
 
 def encoder_flops(config, lengths: list[int]) -> float:
     """Forward FLOPs of the encoder over sequences of the given real lengths (special tokens included)."""
-    return config.num_hidden_layers * sum(layer_flops(config, n) for n in lengths)
+    projection = (2 * config.embedding_size * config.hidden_size * sum(lengths)
+                  if getattr(config, "model_type", "") == "zhie_conv" else 0)
+    return projection + config.num_hidden_layers * sum(layer_flops(config, n) for n in lengths)
 
 
 def matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, size: int | None = None,

@@ -170,7 +170,8 @@ def main() -> None:
             config_file = Path(directory) / "config.json"
             config = SimpleNamespace(**json.loads(config_file.read_text())) if config_file.exists() else None
             flops = (encoder_flops(config, [len(t) + 2 for t in texts])
-                     if config is not None and getattr(config, "model_type", "") in ("bert", "xlm-roberta") else None)
+                     if config is not None and getattr(config, "model_type", "") in ("bert", "xlm-roberta", "zhie_conv")
+                     else None)
             record(args, name, variant, path, texts, f1, runs, cold, load,
                    layers=getattr(config, "num_hidden_layers", None),
                    encoder_share_of_peak=flops / min(w for w, _ in runs) / peaks[variant] if flops else None,
