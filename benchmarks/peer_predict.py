@@ -33,22 +33,6 @@ def bio_spans(tags: list[str]) -> list[dict]:
     return spans
 
 
-def jiagu_ner():
-    import jiagu
-
-    def ner(text: str) -> list[dict]:
-        if not text:
-            return []
-        words = jiagu.seg(text)
-        starts = [0]
-        for word in words:
-            starts.append(starts[-1] + len(word))
-        return [{**span, "start": starts[span["start"]], "end": starts[span["end"]]}
-                for span in bio_spans(jiagu.ner(words))]
-
-    return ner
-
-
 def words(cut):
     """A segmenter's ``{"start", "end", "text"}`` words from ``cut(text) -> [word]``."""
     def segment(text: str) -> list[dict]:
@@ -58,6 +42,19 @@ def words(cut):
             start += len(word)
         return found
     return segment
+
+
+def jiagu_ner():
+    import jiagu
+
+    segment = words(jiagu.seg)
+
+    def ner(text: str) -> list[dict]:
+        found = segment(text)
+        return [{"start": found[span["start"]]["start"], "end": found[span["end"] - 1]["end"], "label": span["label"]}
+                for span in bio_spans(jiagu.ner([w["text"] for w in found]))]
+
+    return ner
 
 
 def jiagu_seg():
@@ -70,7 +67,7 @@ def jieba_cut():
     import jieba
 
     jieba.setLogLevel(60)  # no "Building prefix dict" lines
-    return words(lambda text: [w for w in jieba.cut(text)])
+    return words(jieba.lcut)
 
 
 # peer -> (the output's key, its module, what builds its function of one text)

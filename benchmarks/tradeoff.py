@@ -57,19 +57,23 @@ def size_mb(directory: Path) -> float:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
 
 
-def dataset(name: str, out: Path) -> tuple[Path, list]:
-    """``(the file F1 is scored on, its examples first, then other texts timed)``, a file of >= 2,300 sentences.
+def dataset(name: str, out: Path) -> tuple[Path, list, list[str]]:
+    """``(the file F1 is scored on, its examples, the texts timed: theirs first, then others)``, >= 2,300 sentences.
     CLUENER: dev, then test (2,688 texts); People's Daily: the dev part of ``benchmarks/ner.py``'s fixed 80/20
     split of its file, then the training part (2,318 texts: the F1 never counts a text a model trained on); CMeEE:
     dev (1,000); SXU word segmentation: its test file (3,654 sentences)."""
     if name == "sxu":
         test = DATA / "cws" / "sxu" / "test.txt"
-        return test, read_segmented(test)
+        gold = read_segmented(test)
+        return test, gold, [ex.text for ex in gold]
     if name == "peoples_daily":
         train, dev = dataset_files(name, out)
-        return dev, read_ner(dev) + read_ner(train)
-    dev = DATA / "ner" / name / "dev.json"
-    return dev, read_ner(dev) + (read_ner(DATA / "ner" / name / "test.json") if name == "cluener" else [])
+        others = read_ner(train)
+    else:
+        dev = DATA / "ner" / name / "dev.json"
+        others = read_ner(DATA / "ner" / name / "test.json") if name == "cluener" else []
+    gold = read_ner(dev)
+    return dev, gold, [ex.text for ex in gold + others]
 
 
 def cut(model: Path, layers: int, out: Path) -> Path:
@@ -146,8 +150,7 @@ def main() -> None:
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dev, examples = dataset(args.dataset, out)
-    texts = [ex.text for ex in examples]
+    dev, gold, texts = dataset(args.dataset, out)
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
     peaks["torch"] = peaks["fp32"]
@@ -176,7 +179,6 @@ def main() -> None:
                    layers=getattr(config, "num_hidden_layers", None),
                    encoder_share_of_peak=flops / min(w for w, _ in runs) / peaks[variant] if flops else None,
                    peak_gflops=round(peaks[variant] / 1e9, 1))
-    gold = examples[:len(read_segmented(dev) if args.dataset == "sxu" else read_ner(dev))]
     script = str(Path(__file__).resolve().parent / "peer_predict.py")
     for spec in args.peer:
         name, _, python = spec.partition("=")

@@ -153,7 +153,7 @@ class ConvBlock(nn.Module):
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         """``x [b, n, h]``, ``mask [b, n, 1]`` (1 for tokens, 0 for padding, x's dtype)."""
         update = self.dropout(self.activation(self.conv(x * mask)))
-        return self.LayerNorm(x + update) if hasattr(self, "LayerNorm") else x + self.scale * update
+        return x + self.scale * update if hasattr(self, "scale") else self.LayerNorm(x + update)
 
 
 class ConvModel(PreTrainedModel):
