@@ -28,6 +28,7 @@ from ner import DATASETS, dataset_files
 
 from zhie.data.base import read_texts
 from zhie.training import TrainConfig
+from zhie.training.distill import dilation_list
 from zhie.training.report import read_metrics
 from zhie.training.students import distill_student
 
@@ -86,14 +87,16 @@ def run(args) -> dict:
     start = time.time()
     result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
-                             student=args.student, width=args.width, ffn_width=args.ffn_width, head=args.head,
+                             student=args.student, width=args.width, ffn_width=args.ffn_width,
+                             dilations=args.dilations, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
     return {"dataset": args.dataset, "teachers": [str(t) for t in teacher_dirs], "student": args.student,
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
-            "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width, "head": args.head,
+            "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
+            "dilations": args.dilations, "head": args.head,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
@@ -117,6 +120,7 @@ def main() -> None:
     p.add_argument("--student", default="cut", choices=["cut", "conv"])
     p.add_argument("--width", type=int, default=256, help="--student conv: channels per block")
     p.add_argument("--ffn-width", type=int, default=None, help="--student cut: feed-forward neurons kept per layer")
+    p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--head", default=None, help="--student conv: egp for a gp teacher (default: the teacher's)")
     p.add_argument("--wiki-sentences", type=int, default=0)
     p.add_argument("--hard-weight", type=float, default=0.5)

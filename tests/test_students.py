@@ -3,6 +3,7 @@ layers a student keeps, the ensemble, and tiny teachers of every task kind whose
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
@@ -25,6 +26,7 @@ from zhie.losses.distill import (
 )
 from zhie.model import Ensemble, Model
 from zhie.training import TrainConfig, students
+from zhie.training.distill import dilation_list
 from zhie.training.students import distill_student, student_layers
 
 from .tiny_models import nested_corpus, relation_corpus, trained, write_pairs, write_segmented_corpus
@@ -303,3 +305,17 @@ def test_a_student_head_must_give_the_teachers_output_type_and_a_cut_keeps_its_h
         with pytest.raises(ValueError, match=message):
             distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / student, student=student,
                             encoder_layers=1, head=head, config=_config(1), progress=False)
+
+
+def test_a_convolutional_students_dilations_are_its_own_and_in_its_recipe(ner_files, tmp_path):
+    teacher = trained("ner-gp")
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", student="conv", encoder_layers=2,
+                    width=32, dilations=[1, 3], config=_config(1), progress=False)
+    assert zhie.load(tmp_path / "s" / "best").model.encoder.config.dilations == [1, 3]
+    assert json.loads((tmp_path / "s" / "distill.json").read_text())["dilations"] == [1, 3]
+    with pytest.raises(ValueError, match="--student conv"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "c", encoder_layers=1, dilations=[1, 2],
+                        config=_config(1), progress=False)
+    assert dilation_list("1,2,4,8") == [1, 2, 4, 8]
+    with pytest.raises(argparse.ArgumentTypeError, match="separated by commas"):
+        dilation_list("1 2")

@@ -202,6 +202,14 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
     return result
 
 
+def dilation_list(text: str) -> list[int]:
+    """``--dilations 1,2,4,8`` as ``[1, 2, 4, 8]``; argparse reports the ``ValueError`` of anything else."""
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,2,4,8") from None
+
+
 def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``zhie distill``: a smaller student of a trained model (``--teacher``, :mod:`zhie.training.students`), or the
     MTMT student of cross-lingual NER (``--recognizer`` and ``--evaluator``); the flags are the two functions'
@@ -223,6 +231,9 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
                       help="cut: the teacher with fewer layers (--keep-layers); conv: a convolutional encoder of "
                            "--encoder-layers blocks (default 4) of --width channels over the teacher's embeddings")
     same.add_argument("--width", type=int, default=256, help="--student conv: channels of each block")
+    same.add_argument("--dilations", type=dilation_list, default=None, metavar="D,D,...",
+                      help="--student conv: the blocks' dilations, cycled (default 1,2,4,1: each token sees 17 "
+                           "characters after 4 blocks; 1,2,4,8 sees 31 at the same cost)")
     same.add_argument("--ffn-width", type=int, default=None, metavar="N",
                       help="--student cut: keep the N most important feed-forward neurons of each kept layer (their "
                            "mean activation on the training text times their output weights' norm; e5-small has "
@@ -292,7 +303,7 @@ def cmd_distill(args) -> None:
         result = distill_student(args.teacher, args.train, out=args.out, dev=args.dev, unlabelled=args.unlabelled,
                                  max_unlabelled=args.max_unlabelled, format=args.format, keep_layers=args.keep_layers,
                                  encoder_layers=args.encoder_layers, student=args.student, width=args.width,
-                                 ffn_width=args.ffn_width, head=args.head,
+                                 ffn_width=args.ffn_width, dilations=args.dilations, head=args.head,
                                  hard_weight=args.hard_weight,
                                  temperature=args.temperature, config=config, resume=not args.no_resume,
                                  progress=not args.quiet)

@@ -37,7 +37,7 @@ from zhie import encoders
 from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
-from zhie.encoders.conv import STUDENT_RESIDUAL
+from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator
 from zhie.tasks.batching import seeded, sorted_batches
@@ -171,7 +171,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
-                    ffn_width: int | None = None, head: str | None = None,
+                    ffn_width: int | None = None, dilations: list[int] | None = None, head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
     """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
@@ -182,7 +182,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     (``keep_layers``, ``encoder_layers``), their feed-forward blocks narrowed to ``ffn_width`` neurons if given
     (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
-    embeddings, with ``head`` (:func:`other_head`) if given."""
+    embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
+    :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with ``head`` (:func:`other_head`) if given."""
     if not 0 <= hard_weight <= 1:
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
@@ -209,6 +210,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if ffn_width is not None and student != "cut":
         raise ValueError("--ffn-width narrows the teacher's layers: it is for --student cut (a conv student's width "
                          "is --width)")
+    if dilations is not None and student != "conv":
+        raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
+    dilations = list(STUDENT_DILATIONS if dilations is None else dilations)
+    if not dilations or min(dilations) < 1:
+        raise ValueError(f"--dilations {dilations}: give one or more whole numbers of 1 or more, e.g. 1,2,4,8")
     if ffn_width is not None:
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
@@ -221,7 +227,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
               "head": getattr(student_task.config, "head", None),
               **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
-                 {"conv_layers": encoder_layers or 4, "width": width, "residual": STUDENT_RESIDUAL}),
+                 {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
+                  "residual": STUDENT_RESIDUAL}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
@@ -242,7 +249,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     lessons = stored["lessons"]
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
 
-    model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn)
+    model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn,
+                          dilations)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -283,10 +291,11 @@ def other_head(task, head: str, directory: Path, student: str):
 
 
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
-                  seed: int, ffn: tuple[int, list[Tensor]] | None = None) -> Model:
+                  seed: int, ffn: tuple[int, list[Tensor]] | None = None,
+                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
     feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`)
-    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width``
+    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``
     (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width."""
     if kind == "cut":
@@ -297,7 +306,7 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
     else:
         from zhie.encoders.conv import conv_student
 
-        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, seed=seed)
+        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations, seed=seed)
         with seeded(seed):
             model = Model(encoder, task.build_heads(width))
     return model.cpu().train()
