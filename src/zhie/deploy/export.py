@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from zhie.core import card
 from zhie.core.text import TextTokenizer
+from zhie.deploy import runtime
 from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS, is_export
 from zhie.tasks.batching import model_inputs
 from zhie.tasks.modeldir import resolve_model_dir, save_model_dir
@@ -270,7 +271,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
         if written != opset:
             raise ValueError(f"--opset {opset}: torch's exporter could not write the model in that opset (the graph "
                              f"has opset {written}); use a later one, such as the default {DEFAULT_OPSET}")
-        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        session = runtime.session(graph)
         diff = largest_difference(expected, session.run(None, {k: check[k].numpy() for k in INPUTS}))
         if diff > FP32_TOLERANCE:
             raise ValueError(f"the exported graph's logits differ from torch's by {diff:.3g} (> {FP32_TOLERANCE}); "
@@ -287,7 +288,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
             record.update(quantize_int8(fp32, graph, task, per_channel=per_channel, reduce_range=reduce_range,
                                         keep_fp32=keep_fp32, calibration=calibration))
             fp32.unlink()
-            session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+            session = runtime.session(graph)
             record["int8_max_abs_diff"] = largest_difference(expected, session.run(
                 None, {k: check[k].numpy() for k in INPUTS}))
         (tmp / EXPORT_FILE).write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")

@@ -36,17 +36,12 @@ class OnnxModel:
     ``heads``: the head names it answers for (default: all of the graph's; :meth:`view` narrows them, sharing the
     session). ``threads``: onnxruntime's intra-op threads (None: :func:`default_threads`). Runs on the CPU, in fp32.
 
-    The session's threads do not spin while they wait for work (onnxruntime's ``session.intra_op.allow_spinning``
-    off): between two calls the process tokenises, decodes and writes on the same cores, and the spinning threads
-    took CPU from it and from any other process. On 2 cores shared with a training run, ``zhie predict`` of a 1-layer
-    int8 export spent 3.4-3.6 s in onnxruntime instead of 4.3-5.5 s, and its Python work 0.10-0.12 s instead of
-    0.16-0.20 s (not measured on idle cores, where spinning saves a thread's wake-up per parallel operator).
+    The session is :func:`session`'s.
     """
 
     runtime = "onnxruntime"
 
     def __init__(self, directory: str | os.PathLike, threads: int | None = None) -> None:
-        import onnxruntime as ort
         from safetensors.numpy import load_file
 
         directory = Path(directory)
@@ -58,13 +53,8 @@ class OnnxModel:
         except (ValueError, KeyError, TypeError) as err:  # not UTF-8, not JSON, or not an export's record
             raise ValueError(f"{directory / EXPORT_FILE}: not an export's record ({err!r}); {again}") from None
         self.heads = list(self.layout)
-        options = ort.SessionOptions()
-        threads = default_threads() if threads is None else threads
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
+            self.session = session(graph, threads)
         except Exception as err:  # onnxruntime's own errors (InvalidProtobuf, NoSuchFile, ...) derive from Exception
             raise ValueError(f"{graph}: onnxruntime cannot load the graph ({err}); {again}") from None
         self.weights = load_weights(load_file, directory / HEAD_FILE)
@@ -97,6 +87,36 @@ class OnnxModel:
         """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) from ``head.safetensors``."""
         prefix = f"heads.{name}."
         return {k[len(prefix):]: v for k, v in self.weights.items() if k.startswith(prefix)}
+
+
+# onnxruntime rewrites a residual Add followed by a LayerNormalization into one SkipLayerNormalization; on the 2-core
+# AMD EPYC of benchmarks/RESULTS.md ("Fast students") the fused kernel took 7x the time of the plain LayerNormalization
+# of the same shape, and leaving the two apart made whole graphs 0.79-0.92x as long (12-layer and 4-layer e5-small,
+# int8 and fp32; convolutional students). The fp32 outputs are the same to 2e-5.
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+
+
+def session(graph: str | os.PathLike, threads: int | None = None, optimized_model: str | os.PathLike | None = None):
+    """An onnxruntime CPU session of ``graph``, as zhie runs every export.
+
+    ``threads``: the intra-op threads (None: :func:`default_threads`). The threads do not spin while they wait for
+    work (``session.intra_op.allow_spinning`` off): between two calls the process tokenises, decodes and writes on the
+    same cores, and the spinning threads took CPU from it and from any other process. On 2 cores shared with a
+    training run, ``zhie predict`` of a 1-layer int8 export spent 3.4-3.6 s in onnxruntime instead of 4.3-5.5 s, and
+    its Python work 0.10-0.12 s instead of 0.16-0.20 s (not measured on idle cores, where spinning saves a thread's
+    wake-up per parallel operator). The optimisers of :data:`DISABLED_OPTIMIZERS` are off. ``optimized_model``: where
+    onnxruntime writes the graph it runs, after its rewrites (to inspect them)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    threads = default_threads() if threads is None else threads
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_model is not None:
+        options.optimized_model_filepath = str(optimized_model)
+    return ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(DISABLED_OPTIMIZERS))
 
 
 def default_threads() -> int | None:
