@@ -17,7 +17,7 @@ from tests.tiny_models import nested_corpus
 from zhie import encoders
 from zhie.data import write_ner_jsonl
 from zhie.encoders import WeightsMismatchError
-from zhie.encoders.conv import RESIDUALS, ConvConfig, ConvModel, DilatedConv1d, conv_student, fold_projection
+from zhie.encoders.conv import RESIDUALS, ConvConfig, ConvModel, DilatedConv1d, conv_student, fold_embeddings
 from zhie.training import TrainConfig
 
 TEXTS = ["王伟在青山市的远华大学工作了很多年。", "好", "记者从恒信银行获悉，李娜将前往北宁县考察。", "中国人民"]
@@ -94,12 +94,15 @@ def test_a_scaled_stack_adds_each_blocks_scaled_update_and_normalises_once():
 
 
 @pytest.mark.parametrize("residual", RESIDUALS)
-def test_folding_the_projection_into_the_table_keeps_the_function(residual, tmp_path):
+def test_folding_the_embeddings_into_their_table_keeps_the_function(residual, tmp_path):
     model = small(residual=residual)
-    folded = fold_projection(model)
-    assert folded.config.embedding_size == 16 and not folded.config.projection
+    with torch.no_grad():  # a LayerNorm that is not the identity, so that folding it in is seen
+        model.embeddings.LayerNorm.weight.uniform_(0.5, 1.5)
+        model.embeddings.LayerNorm.bias.uniform_(-0.5, 0.5)
+    folded = fold_embeddings(model)
+    assert folded.config.embedding_size == 16 and folded.config.folded_embeddings
     assert folded.get_input_embeddings().weight.shape == (40, 16)
-    assert not any(k.startswith("embeddings.projection.") for k in folded.state_dict())
+    assert not any(k.startswith(("embeddings.projection.", "embeddings.LayerNorm.")) for k in folded.state_dict())
     ids, mask = [[2, 17, 5, 33, 8, 3], [2, 9, 3, 0, 0, 0]], [[1] * 6, [1] * 3 + [0] * 3]
     want = hidden(model, ids, mask, output_hidden_states=True)
     got = hidden(folded, ids, mask, output_hidden_states=True)
@@ -108,9 +111,9 @@ def test_folding_the_projection_into_the_table_keeps_the_function(residual, tmp_
     folded.save_pretrained(tmp_path)  # a folded model is an ordinary one: it saves and loads strictly
     torch.testing.assert_close(hidden(ConvModel.from_pretrained(tmp_path).eval(), ids, mask).last_hidden_state,
                                got.last_hidden_state, rtol=0, atol=0)
-    assert fold_projection(folded) is folded
+    assert fold_embeddings(folded) is folded
     with pytest.raises(ValueError, match="embedding_size"):
-        ConvConfig(embedding_size=12, hidden_size=16, projection=False)
+        ConvConfig(embedding_size=12, hidden_size=16, folded_embeddings=True)
 
 
 @pytest.mark.parametrize("kernel_size,dilation", [(1, 1), (3, 1), (3, 2), (5, 4)])
@@ -238,8 +241,8 @@ def test_a_conv_ner_model_exports_with_the_same_predictions(ner, tmp_path, quant
     out = export(best, tmp_path / "export", quantize=quantize)
     record = json.loads((out / EXPORT_FILE).read_text(encoding="utf-8"))
     assert record["fp32_max_abs_diff"] <= 1e-4
-    config = json.loads((out / "config.json").read_text(encoding="utf-8"))  # the graph's: the projection folded
-    assert not config["projection"] and config["embedding_size"] == config["hidden_size"] == 48
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))  # the graph's: the embeddings folded
+    assert config["folded_embeddings"] and config["embedding_size"] == config["hidden_size"] == 48
     torch_pipe, onnx_pipe = zhie.load(best), zhie.load(out)
     assert isinstance(onnx_pipe.model, OnnxModel)
     long = "".join(ex.text for ex in nested_corpus(8, seed=11))  # several 64-token windows

@@ -7,8 +7,8 @@ The graph (``model.onnx``) holds the encoder and the heads' logits: inputs ``inp
 one output per field, ``NAME.FIELD``). Decoding stays outside the graph and is zhie's own numpy decoders
 (:mod:`zhie.core.decoding`, the torch model's too): thresholding for GP/EGP/GPLinker, constrained Viterbi for the CRF,
 argmax for softmax, windows for long texts. :mod:`zhie.deploy.runtime` runs an export without torch. A convolutional
-encoder's projection of its character embeddings is folded into the table first
-(:func:`zhie.encoders.conv.fold_projection`: the same function, one matrix product fewer per token).
+encoder's embeddings (projection and LayerNorm) are folded into their table first
+(:func:`zhie.encoders.conv.fold_embeddings`: the same function, one matrix product and one LayerNorm fewer per token).
 
 The export directory is a model directory without the encoder's weights: ``config.json``, the tokenizer files,
 ``zhie.json``, ``head.safetensors`` (the heads' weights: decoding reads the CRF's transitions there; the BIO/BMES
@@ -252,10 +252,10 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     pipe = load(model_dir, device="cpu")
     task, model = pipe.task, pipe.model
     if getattr(model.encoder.config, "model_type", None) == "zhie_conv":  # the same function, one product fewer
-        from zhie.encoders.conv import fold_projection
+        from zhie.encoders.conv import fold_embeddings
         from zhie.model import Model
 
-        model = Model(fold_projection(model.encoder), dict(model.heads.items()))
+        model = Model(fold_embeddings(model.encoder), dict(model.heads.items()))
     if not isinstance(task, WindowedTask) and not hasattr(pipe, "encode"):
         raise ValueError(f"zhie export knows span tasks and sentence encoders; {task.name} is neither")
     example = check_inputs(task, CHECK_TEXTS[1:])

@@ -44,7 +44,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput
 
 __all__ = ["RESIDUALS", "STUDENT_DILATIONS", "STUDENT_RESIDUAL", "ConvConfig", "ConvModel", "DilatedConv1d",
-           "conv_student", "fold_projection"]
+           "conv_student", "fold_embeddings"]
 
 RESIDUALS = ("postnorm", "scaled")
 STUDENT_RESIDUAL = "scaled"  # the block of a distilled student (conv_student): the faster one
@@ -58,8 +58,9 @@ class ConvConfig(PretrainedConfig):
     the convolutions' width; ``kernel_size``: odd; ``dilations``: a list cycled over the blocks, one int for all, or
     the text ``"1-2-4-1"`` (how a ``new:conv:dilations=1-2-4-1`` spec writes it); ``residual``: ``"postnorm"`` (a
 LayerNorm after every block; the default, which a saved model without the field was trained with) or ``"scaled"``
-(no normalisation per block, one at the end: see the module docstring); ``projection``: a linear map of the table's
-rows to ``hidden_size`` (False: the rows are ``hidden_size`` wide already, as :func:`fold_projection` leaves them);
+(no normalisation per block, one at the end: see the module docstring); ``folded_embeddings``: the table's rows are
+the embeddings' outputs already (projection and LayerNorm folded in by :func:`fold_embeddings`; ``embedding_size``
+is then ``hidden_size``);
 ``max_position_embeddings`` is only
     informational (a convolution has no length limit; a tokenizer built for it takes it as its length).
     """
@@ -70,7 +71,7 @@ rows to ``hidden_size`` (False: the rows are ``hidden_size`` wide already, as :f
                  num_hidden_layers: int = 4, kernel_size: int = 3, dilations: Sequence[int] | int | str = (1, 2, 4, 1),
                  hidden_act: str = "relu", hidden_dropout_prob: float = 0.1, layer_norm_eps: float = 1e-5,
                  initializer_range: float = 0.02, pad_token_id: int = 0, max_position_embeddings: int = 512,
-                 residual: str = "postnorm", projection: bool = True, **kwargs) -> None:
+                 residual: str = "postnorm", folded_embeddings: bool = False, **kwargs) -> None:
         kwargs.pop("attention_probs_dropout_prob", None)  # what new:conv:dropout=P also sets: there is no attention
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         if isinstance(dilations, str):
@@ -89,10 +90,10 @@ rows to ``hidden_size`` (False: the rows are ``hidden_size`` wide already, as :f
         self.initializer_range = initializer_range
         self.max_position_embeddings = max_position_embeddings
         self.residual = residual
-        self.projection = projection
-        if not projection and embedding_size != hidden_size:
-            raise ValueError(f"projection=False reads the table as it is: embedding_size ({embedding_size}) must be "
-                             f"hidden_size ({hidden_size})")
+        self.folded_embeddings = folded_embeddings
+        if folded_embeddings and embedding_size != hidden_size:
+            raise ValueError(f"folded_embeddings reads the table's rows as they are: embedding_size ({embedding_size}) "
+                             f"must be hidden_size ({hidden_size})")
         if residual not in RESIDUALS:
             raise ValueError(f"residual {residual!r}: use one of {', '.join(RESIDUALS)}")
         if kernel_size < 1 or kernel_size % 2 == 0:
@@ -109,13 +110,17 @@ rows to ``hidden_size`` (False: the rows are ``hidden_size`` wide already, as :f
 
 
 class ConvEmbeddings(nn.Module):
-    """Character embeddings, projected to ``hidden_size`` (unless ``config.projection`` is off), LayerNorm, dropout."""
+    """Character embeddings, projected to ``hidden_size``, LayerNorm, dropout; with ``config.folded_embeddings`` the
+    rows, then dropout (the projection and the LayerNorm are in the table: :func:`fold_embeddings`)."""
 
     def __init__(self, config: ConvConfig) -> None:
         super().__init__()
         self.word_embeddings = nn.Embedding(config.vocab_size, config.embedding_size, padding_idx=config.pad_token_id)
-        self.projection = nn.Linear(config.embedding_size, config.hidden_size) if config.projection else nn.Identity()
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815 (BERT's name)
+        if config.folded_embeddings:
+            self.projection, self.LayerNorm = nn.Identity(), nn.Identity()  # noqa: N815 (BERT's name)
+        else:
+            self.projection = nn.Linear(config.embedding_size, config.hidden_size)
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids: Tensor) -> Tensor:
@@ -235,20 +240,23 @@ def conv_student(teacher_encoder: nn.Module, *, hidden_size: int = 256, layers: 
     return student
 
 
-def fold_projection(model: ConvModel) -> ConvModel:
-    """The same function with the projection folded into the table: a :class:`ConvModel` with ``projection=False``
-    whose row ``i`` is ``projection(word_embeddings[i])`` (``hidden_size`` wide), every other weight the same. Per
-    token a row gather instead of a gather and an ``embedding_size x hidden_size`` product (a fifth of a 4 x 128
-    student's multiply-adds); ``zhie export`` writes a convolutional encoder this way. A model without a projection
-    comes back as it is."""
-    if not model.config.projection:
+def fold_embeddings(model: ConvModel) -> ConvModel:
+    """The same function with the embeddings folded into their table: a :class:`ConvModel` with
+    ``folded_embeddings=True`` whose row ``i`` is ``LayerNorm(projection(word_embeddings[i]))`` (``hidden_size``
+    wide; both act on one row at a time), every other weight the same, in eval mode (the embeddings' dropout then does
+    nothing, as in prediction). Per token one row gather instead of a gather, an ``embedding_size x hidden_size``
+    product (a fifth of a 4 x 128 student's multiply-adds) and a LayerNorm; ``zhie export`` writes a convolutional
+    encoder this way. A folded model comes back as it is."""
+    if model.config.folded_embeddings:
         return model
     config = ConvConfig.from_dict({**model.config.to_dict(), "embedding_size": model.config.hidden_size,
-                                   "projection": False})
+                                   "folded_embeddings": True})
     folded = ConvModel(config)
-    state = {k: v for k, v in model.state_dict().items() if not k.startswith("embeddings.projection.")}
+    state = {k: v for k, v in model.state_dict().items()
+             if not k.startswith(("embeddings.projection.", "embeddings.LayerNorm."))}
     embeddings = model.embeddings
     with torch.no_grad():
-        state["embeddings.word_embeddings.weight"] = embeddings.projection(embeddings.word_embeddings.weight)
+        rows = embeddings.LayerNorm(embeddings.projection(embeddings.word_embeddings.weight))
+    state["embeddings.word_embeddings.weight"] = rows
     folded.load_state_dict(state)
-    return folded.train(model.training)
+    return folded.eval()
