@@ -41,9 +41,10 @@ def layer_flops(config, n: int) -> float:
 
 
 def encoder_flops(config, lengths: list[int]) -> float:
-    """Forward FLOPs of the encoder over sequences of the given real lengths (special tokens included)."""
-    projection = (2 * config.embedding_size * config.hidden_size * sum(lengths)
-                  if getattr(config, "model_type", "") == "zhie_conv" else 0)
+    """Forward FLOPs of the encoder over sequences of the given real lengths (special tokens included); a
+    convolutional encoder's embedding projection counts unless it is folded into the table (an export's)."""
+    projected = getattr(config, "model_type", "") == "zhie_conv" and not getattr(config, "folded_embeddings", False)
+    projection = 2 * config.embedding_size * config.hidden_size * sum(lengths) if projected else 0
     return projection + config.num_hidden_layers * sum(layer_flops(config, n) for n in lengths)
 
 

@@ -170,7 +170,7 @@ def main() -> None:
                        str(out / "out.jsonl"), "--batch-size", str(args.batch_size)]
             runs = [timed(predict) for _ in range(args.runs)]
             cold = min(timed(["zhie", "predict", str(path), texts[0]])[0] for _ in range(args.runs))
-            config_file = Path(directory) / "config.json"
+            config_file = Path(path) / "config.json"  # the variant's: an export's encoder may be folded
             config = SimpleNamespace(**json.loads(config_file.read_text())) if config_file.exists() else None
             flops = (encoder_flops(config, [len(t) + 2 for t in texts])
                      if config is not None and getattr(config, "model_type", "") in ("bert", "xlm-roberta", "zhie_conv")
