@@ -117,7 +117,7 @@ def main() -> None:
     p.add_argument("--dataset", default="cluener", choices=[*DATASETS, *CWS])
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
-    p.add_argument("--student", default="cut", choices=["cut", "conv"])
+    p.add_argument("--student", default="cut", choices=["cut", "conv", "fresh"])
     p.add_argument("--width", type=int, default=256, help="--student conv: channels per block")
     p.add_argument("--ffn-width", type=int, default=None, help="--student cut: feed-forward neurons kept per layer")
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")

@@ -319,3 +319,46 @@ def test_a_convolutional_students_dilations_are_its_own_and_in_its_recipe(ner_fi
     assert dilation_list("1,2,4,8") == [1, 2, 4, 8]
     with pytest.raises(argparse.ArgumentTypeError, match="separated by commas"):
         dilation_list("1 2")
+
+
+def test_a_fresh_student_starts_again_from_the_teachers_pretrained_encoder(tmp_path):
+    from zhie.tasks.encoder_prep import prepare_encoder
+
+    texts = [ex.text for ex in nested_corpus(30, seed=4)]
+    base, full = encoders.load("tiny", texts=texts, seed=3)  # stands for a pre-trained encoder on disk
+    base.save_pretrained(tmp_path / "enc")
+    full.save_pretrained(tmp_path / "enc")
+    teacher, tokenizer = prepare_encoder(str(tmp_path / "enc"), texts=texts[:3], keep_tokens="data")
+    assert len(tokenizer) < len(full)  # the teacher reads a cut of the vocabulary, in its own ids
+    with torch.no_grad():  # its fine-tuning
+        for p in teacher.parameters():
+            p.add_(0.5)
+    fresh = students.fresh_encoder(teacher, tokenizer, str(tmp_path / "enc"), seed=0)
+    rows = full.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
+    torch.testing.assert_close(fresh.get_input_embeddings().weight, base.get_input_embeddings().weight[rows],
+                               rtol=0, atol=0)
+    before = dict(base.named_parameters())
+    for name, weight in fresh.named_parameters():
+        if "word_embeddings" not in name:
+            torch.testing.assert_close(weight, before[name], rtol=0, atol=0)
+    other, other_tokens = encoders.load("tiny", texts=["abc def"], seed=1)  # an encoder the teacher did not come from
+    other.save_pretrained(tmp_path / "other")
+    other_tokens.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="not fine-tuned from"):
+        students.fresh_encoder(teacher, tokenizer, str(tmp_path / "other"), seed=0)
+
+
+def test_a_fresh_student_of_a_random_encoder_is_initialised_anew_and_learns_from_its_teacher(ner_files, tmp_path):
+    teacher = trained("ner-gp")
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
+                    unlabelled=[ner_files / "unlabelled.txt"], student="fresh", config=_config(8), progress=False)
+    teacher_pipe, student = zhie.load(teacher), zhie.load(tmp_path / "s" / "best")
+    shape = [{k: v for k, v in m.model.encoder.config.to_dict().items() if k != "_name_or_path"}
+             for m in (student, teacher_pipe)]
+    assert shape[0] == shape[1]
+    assert json.loads((tmp_path / "s" / "distill.json").read_text())["origin"] == "tiny"
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(teacher_pipe, student, texts) >= 0.9
+    with pytest.raises(ValueError, match="keeps the teacher's architecture"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "f", student="fresh", encoder_layers=1,
+                        config=_config(1), progress=False)

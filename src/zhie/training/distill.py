@@ -227,9 +227,11 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
     same.add_argument("--keep-layers", default="first",
                       help="which teacher layers the student keeps: first (the first --encoder-layers), spread "
                            "(evenly spaced, ending with the last) or indices such as 2,5,8,11")
-    same.add_argument("--student", default="cut", choices=["cut", "conv"],
+    same.add_argument("--student", default="cut", choices=["cut", "conv", "fresh"],
                       help="cut: the teacher with fewer layers (--keep-layers); conv: a convolutional encoder of "
-                           "--encoder-layers blocks (default 4) of --width channels over the teacher's embeddings")
+                           "--encoder-layers blocks (default 4) of --width channels over the teacher's embeddings; "
+                           "fresh: the teacher's architecture started again from the encoder it was fine-tuned from "
+                           "(born-again distillation)")
     same.add_argument("--width", type=int, default=256, help="--student conv: channels of each block")
     same.add_argument("--dilations", type=dilation_list, default=None, metavar="D,D,...",
                       help="--student conv: the blocks' dilations, cycled (default 1,2,4,1: each token sees 17 "

@@ -5,8 +5,10 @@ The recipe (TextBrewer's and PaddleNLP's lesson: soft targets from the teacher o
 1. The teacher: one model directory, or several (seeds of one training: an :class:`~zhie.model.Ensemble`, outputs
    averaged).
 2. The student: the teacher's encoder cut to the layers ``keep_layers`` (:func:`student_layers`: the first N, or N
-   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads; same
-   task, labels, tokenizer and limits, so ``predict``/``eval``/``serve``/``export`` take it as they are.
+   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads; or
+   a convolutional encoder over the teacher's embeddings; or the teacher's architecture started again from the
+   encoder it was fine-tuned from (``fresh``, born-again distillation: :func:`fresh_encoder`). Always the same task,
+   labels, tokenizer and limits, so ``predict``/``eval``/``serve``/``export`` take it as they are.
 3. The items: the task's training items of the labelled ``train`` file, and of unlabelled texts labelled by the
    teacher's predictions (texts that are also in ``dev`` are left out) (:meth:`~zhie.tasks.base.Task.distill_items`).
 4. The targets: the teacher's head outputs on every item, computed once before the student trains and stored in
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -54,7 +57,7 @@ __all__ = ["DistillObjective", "distill_student", "student_layers"]
 logger = logging.getLogger(__name__)
 
 TARGETS = Path("teacher") / "targets.pt"
-STUDENTS = ("cut", "conv")
+STUDENTS = ("cut", "conv", "fresh")
 
 
 def student_layers(keep: str, layers: int | None, total: int) -> list[int]:
@@ -207,6 +210,9 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if student not in STUDENTS:
         raise ValueError(f"--student {student}: choose one of {', '.join(STUDENTS)}")
     kept = student_layers(keep_layers, encoder_layers, total) if student == "cut" else None
+    if student == "fresh" and encoder_layers not in (None, total):
+        raise ValueError(f"--student fresh keeps the teacher's architecture ({total} layers); leave out "
+                         f"--encoder-layers {encoder_layers}, or use --student cut for fewer layers")
     if ffn_width is not None and student != "cut":
         raise ValueError("--ffn-width narrows the teacher's layers: it is for --student cut (a conv student's width "
                          "is --width)")
@@ -221,6 +227,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if head is not None and head != getattr(student_task.config, "head", None):
         student_task = other_head(student_task, head, resolve_model_dir(teachers[0]), student)
 
+    origin = teacher_origin(resolve_model_dir(teachers[0])) if student == "fresh" else None
+
     out = Path(out)
     files = {"train": str(train_path), **({"dev": str(dev)} if dev is not None else {}),
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
@@ -228,7 +236,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
               "head": getattr(student_task.config, "head", None),
               **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
-                  "residual": STUDENT_RESIDUAL}),
+                  "residual": STUDENT_RESIDUAL} if student == "conv" else {"origin": origin}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
@@ -250,7 +258,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
 
     model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn,
-                          dilations)
+                          dilations, origin)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -292,24 +300,64 @@ def other_head(task, head: str, directory: Path, student: str):
 
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
                   seed: int, ffn: tuple[int, list[Tensor]] | None = None,
-                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS) -> Model:
+                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
     feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`)
     and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``
     (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
-    the task's fresh heads of that width."""
+    the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
+    (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
     if kind == "cut":
         model = Model(copy.deepcopy(teacher.encoder), copy.deepcopy(dict(teacher.heads.items())))
         encoders.select_layers(model.encoder, kept)
         if ffn is not None:
             encoders.prune_ffn(model.encoder, *ffn)
     else:
-        from zhie.encoders.conv import conv_student
+        if kind == "conv":
+            from zhie.encoders.conv import conv_student
 
-        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations, seed=seed)
+            encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations, seed=seed)
+        else:
+            encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
         with seeded(seed):
-            model = Model(encoder, task.build_heads(width))
+            model = Model(encoder, task.build_heads(encoder.config.hidden_size))
     return model.cpu().train()
+
+
+def teacher_origin(directory: Path) -> str:
+    """The encoder the model in ``directory`` was fine-tuned from (its ``training.json``'s ``encoder``)."""
+    try:
+        return json.loads((directory / "training.json").read_text(encoding="utf-8"))["encoder"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{directory}: no training.json naming the encoder it was trained from; --student fresh "
+                         "starts again from that encoder, so it needs a model that zhie trained") from None
+
+
+def fresh_encoder(teacher_encoder: nn.Module, tokenizer, origin: str | None, seed: int) -> nn.Module:
+    """The teacher's encoder as it was before its training (a born-again student's): the pre-trained encoder
+    ``origin`` (the teacher's ``training.json`` ``encoder``, e.g. ``e5-small``) with its vocabulary cut to the
+    teacher's tokens (``tokenizer``'s, in its order) and its first ``num_hidden_layers`` layers; when the teacher
+    was trained from a random encoder (``tiny``, ``new:...``, or ``origin`` None), the teacher's architecture
+    initialised anew from ``seed``."""
+    layers = teacher_encoder.config.num_hidden_layers
+    if origin is None or encoders.is_random(origin):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return type(teacher_encoder)(copy.deepcopy(teacher_encoder.config))
+    model, full = encoders.load(origin)
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    ids = full.convert_tokens_to_ids(tokens)
+    unknown = [t for t, i in zip(tokens, ids) if i is None or (i == full.unk_token_id and t != full.unk_token)]
+    if unknown:
+        raise ValueError(f"the teacher's tokens {unknown[:5]} are not in {origin}'s vocabulary: it was not fine-tuned "
+                         f"from {origin}, so --student fresh cannot start again from it")
+    model, pruned = encoders.prune_vocab(model, full, ids)
+    if pruned.convert_ids_to_tokens(list(range(len(pruned)))) != tokens:
+        raise ValueError(f"{origin}'s vocabulary cut to the teacher's tokens does not give the teacher's token ids; "
+                         "--student fresh needs the teacher's vocabulary to be a cut of its encoder's")
+    if model.config.num_hidden_layers != layers:
+        encoders.truncate_layers(model, layers)
+    return model
 
 
 def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
