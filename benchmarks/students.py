@@ -89,14 +89,15 @@ def run(args) -> dict:
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
                              student=args.student, width=args.width, ffn_width=args.ffn_width,
                              dilations=args.dilations, head=args.head,
-                             hard_weight=args.hard_weight, temperature=args.temperature, config=config,
+                             hard_weight=args.hard_weight, temperature=args.temperature,
+                             targets_from=args.targets_from, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
     return {"dataset": args.dataset, "teachers": [str(t) for t in teacher_dirs], "student": args.student,
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
-            "dilations": args.dilations, "head": args.head,
+            "dilations": args.dilations, "head": args.head, "targets_from": args.targets_from,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
@@ -123,6 +124,7 @@ def main() -> None:
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--head", default=None, help="--student conv: egp for a gp teacher (default: the teacher's)")
     p.add_argument("--wiki-sentences", type=int, default=0)
+    p.add_argument("--targets-from", default=None, help="an earlier run's student directory: reuse its teacher outputs")
     p.add_argument("--hard-weight", type=float, default=0.5)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--epochs", type=int, default=3)

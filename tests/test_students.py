@@ -362,3 +362,26 @@ def test_a_fresh_student_of_a_random_encoder_is_initialised_anew_and_learns_from
     with pytest.raises(ValueError, match="keeps the teacher's architecture"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "f", student="fresh", encoder_layers=1,
                         config=_config(1), progress=False)
+
+
+def test_a_run_reuses_the_teacher_outputs_of_an_earlier_run_of_the_same_teacher_and_data(ner_files, tmp_path,
+                                                                                          monkeypatch):
+    teacher = trained("ner-gp")
+    args = dict(dev=ner_files / "dev.jsonl", unlabelled=[ner_files / "unlabelled.txt"], encoder_layers=1,
+                config=_config(1), progress=False)
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "first", **args)
+
+    def no_teacher(*_args, **_kwargs):
+        raise AssertionError("the teacher ran again")
+
+    monkeypatch.setattr(students, "teacher_targets", no_teacher)
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "conv", student="conv", width=32,
+                    targets_from=tmp_path / "first", **args)
+    first, again = (torch.load(tmp_path / d / students.TARGETS, weights_only=False) for d in ("first", "conv"))
+    assert again["identity"] == first["identity"] and len(again["lessons"]) == len(first["lessons"])
+    with pytest.raises(ValueError, match="other temperature"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "t2", temperature=2.0,
+                        targets_from=tmp_path / "first", **args)
+    with pytest.raises(ValueError, match="no stored teacher outputs"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "none", targets_from=tmp_path / "t2",
+                        **args)

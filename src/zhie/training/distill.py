@@ -247,6 +247,9 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
                       help="weight of the task's own loss on gold (and teacher-predicted) labels; the soft-target "
                            "loss gets 1 minus it")
     same.add_argument("--temperature", type=float, default=1.0, help="softens the teacher's and student's outputs")
+    same.add_argument("--targets-from", default=None, metavar="RUN",
+                      help="reuse the teacher outputs stored by an earlier zhie distill run (its --out directory) of "
+                           "the same teachers, data and settings, instead of running the teachers again")
     mtmt = p.add_argument_group("cross-lingual NER (MTMT)")
     mtmt.add_argument("--recognizer", default=None, help="word-level NER model (zhie train ner --mode word)")
     mtmt.add_argument("--evaluator", default=None, help="similarity evaluator (zhie train xner-evaluator)")
@@ -307,7 +310,8 @@ def cmd_distill(args) -> None:
                                  encoder_layers=args.encoder_layers, student=args.student, width=args.width,
                                  ffn_width=args.ffn_width, dilations=args.dilations, head=args.head,
                                  hard_weight=args.hard_weight,
-                                 temperature=args.temperature, config=config, resume=not args.no_resume,
+                                 temperature=args.temperature, targets_from=args.targets_from, config=config,
+                                 resume=not args.no_resume,
                                  progress=not args.quiet)
     if is_main_process():
         print(json.dumps({"best": result["best"], "best_step": result.get("best_step"),

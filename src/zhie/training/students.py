@@ -176,6 +176,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
                     ffn_width: int | None = None, dilations: list[int] | None = None, head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0,
+                    targets_from: str | os.PathLike | None = None,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
     """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
     labelled ``train_path`` and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to
@@ -186,7 +187,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
     embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
-    :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with ``head`` (:func:`other_head`) if given."""
+    :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with ``head`` (:func:`other_head`) if given.
+
+    ``targets_from``: the run directory of an earlier distillation whose stored teacher outputs this one reuses
+    instead of running the teachers again (copied into ``out``); they must come from the same teachers, data files
+    and settings (:func:`reused_lessons`)."""
     if not 0 <= hard_weight <= 1:
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
@@ -242,6 +247,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
                                 {"temperature": temperature, "max_unlabelled": max_unlabelled, "format": format})
     stored = stored_lessons(out, identity, resume)
+    if stored is None and targets_from is not None:
+        stored = reused_lessons(Path(targets_from), identity)
+        if is_main_process():
+            (out / TARGETS).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
     if stored is None or (ffn_width is not None and "ffn_activity" not in stored):
         items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
         activity = encoders.FfnActivity(first.encoder) if ffn_width is not None else None
@@ -358,6 +368,21 @@ def fresh_encoder(teacher_encoder: nn.Module, tokenizer, origin: str | None, see
     if model.config.num_hidden_layers != layers:
         encoders.truncate_layers(model, layers)
     return model
+
+
+def reused_lessons(run: Path, identity: dict) -> dict:
+    """The teacher outputs that the distillation in ``run`` stored, which must have the same ``identity`` (teachers'
+    weights, data files, settings) as the run that reuses them."""
+    path = run / TARGETS
+    if not path.exists():
+        raise ValueError(f"--targets-from {run}: no stored teacher outputs there ({TARGETS}); name the --out "
+                         "directory of an earlier zhie distill run")
+    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
+    changed = sorted(k for k in identity if stored["identity"].get(k) != identity[k])
+    if changed:
+        raise ValueError(f"--targets-from {run}: its teacher outputs come from other {', '.join(changed)}; reuse "
+                         "only a run of the same teachers, data and settings")
+    return stored
 
 
 def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
