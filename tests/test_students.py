@@ -316,6 +316,10 @@ def test_a_convolutional_students_dilations_are_its_own_and_in_its_recipe(ner_fi
     with pytest.raises(ValueError, match="--student conv"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "c", encoder_layers=1, dilations=[1, 2],
                         config=_config(1), progress=False)
+    with pytest.raises(ValueError, match="dilations"):  # refused before the teacher runs
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "z", student="conv", dilations=[0],
+                        config=_config(1), progress=False)
+    assert not (tmp_path / "z" / students.TARGETS).exists()
     assert dilation_list("1,2,4,8") == [1, 2, 4, 8]
     with pytest.raises(argparse.ArgumentTypeError, match="separated by commas"):
         dilation_list("1 2")

@@ -40,7 +40,7 @@ from zhie import encoders
 from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
-from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL
+from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL, ConvConfig
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator
 from zhie.tasks.batching import seeded, sorted_batches
@@ -224,8 +224,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if dilations is not None and student != "conv":
         raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
     dilations = list(STUDENT_DILATIONS if dilations is None else dilations)
-    if not dilations or min(dilations) < 1:
-        raise ValueError(f"--dilations {dilations}: give one or more whole numbers of 1 or more, e.g. 1,2,4,8")
+    if student == "conv":
+        ConvConfig(dilations=dilations)  # its check of the dilations, now rather than after the teachers' pass
     if ffn_width is not None:
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
@@ -370,6 +370,11 @@ def fresh_encoder(teacher_encoder: nn.Module, tokenizer, origin: str | None, see
     return model
 
 
+def identity_changes(stored: dict, identity: dict) -> list[str]:
+    """The keys of ``identity`` whose values a stored identity does not share, sorted."""
+    return sorted(k for k in identity if stored.get(k) != identity[k])
+
+
 def reused_lessons(run: Path, identity: dict) -> dict:
     """The teacher outputs that the distillation in ``run`` stored, which must have the same ``identity`` (teachers'
     weights, data files, settings) as the run that reuses them."""
@@ -378,7 +383,7 @@ def reused_lessons(run: Path, identity: dict) -> dict:
         raise ValueError(f"--targets-from {run}: no stored teacher outputs there ({TARGETS}); name the --out "
                          "directory of an earlier zhie distill run")
     stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
-    changed = sorted(k for k in identity if stored["identity"].get(k) != identity[k])
+    changed = identity_changes(stored["identity"], identity)
     if changed:
         raise ValueError(f"--targets-from {run}: its teacher outputs come from other {', '.join(changed)}; reuse "
                          "only a run of the same teachers, data and settings")
@@ -396,7 +401,7 @@ def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
     if stored["identity"] == identity:
         return stored
     if (out / "checkpoint.pt").exists():
-        changed = sorted(k for k in identity if stored["identity"].get(k) != identity[k])
+        changed = identity_changes(stored["identity"], identity)
         raise ValueError(f"{out} holds a distillation from other {', '.join(changed)}: resuming would mix two runs; "
                          "use another --out, or --no-resume to start this one over")
     return None
