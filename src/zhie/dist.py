@@ -77,6 +77,21 @@ def all_gather_with_grad(t: Tensor) -> Tensor:
     """
     if world_size() == 1:
         return t
-    from torch.distributed.nn.functional import all_gather  # its backward sums the ranks' gradients of each slice
+    return _AllGather.apply(t)
 
-    return torch.cat(all_gather(t.contiguous()))
+
+class _AllGather(torch.autograd.Function):
+    """The autograd function of :func:`all_gather_with_grad` (torch's own, ``torch.distributed.nn.functional``, is
+    deprecated, and its gloo backward left a thread that aborted some processes at exit)."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor) -> Tensor:
+        parts = [torch.empty_like(t) for _ in range(world_size())]
+        torch.distributed.all_gather(parts, t.contiguous())
+        ctx.rows = t.shape[0]
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        start = torch.distributed.get_rank() * ctx.rows
+        return all_reduce_sum(grad.contiguous())[start:start + ctx.rows]
