@@ -78,3 +78,19 @@ def test_debug_goes_before_the_command_and_keeps_train_config(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "Traceback (most recent call last):"
     assert lines[-1] == f"zhie: error: {missing}: No such file or directory"
+
+
+@pytest.mark.parametrize("own", [None, "2"])
+def test_the_command_starts_one_openblas_thread_unless_the_user_says_otherwise(own, monkeypatch):
+    """numpy's OpenBLAS starts a thread per core at import; the command needs one (its models have their own)."""
+    pytest.importorskip("threadpoolctl")
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    if own is not None:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", own)
+    code = ("import zhie.cli, numpy, threadpoolctl; "
+            "print([i['num_threads'] for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [int(own or 1)]  # on a machine of 2 cores or more, OpenBLAS would start 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -24,14 +25,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from zhie import tasks
-from zhie.core.files import atomic_write_text, check_file_target
-from zhie.data import FORMATS
-from zhie.deploy import stream
-from zhie.precision import PRECISIONS
-from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags, positive_int
-from zhie.tasks.modeldir import resolve_model_dir
-from zhie.version import __version__
+# numpy's OpenBLAS starts a thread per core as numpy is imported. The command's own numpy work is small (decoding,
+# one sentence vector at a time); its models run in torch (MKL) or onnxruntime, with their own threads. With one
+# OpenBLAS thread instead of two, a fast student's `zhie predict` of 2,688 sentences took 0.87x the CPU time on 2 cores
+# (the same wall time while the second core was idle; numpy's import took ~60 instead of ~100 ms while it was busy)
+# (benchmarks/RESULTS.md, "Fast students"). A user's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from zhie import tasks  # noqa: E402  (after the setting above: this imports numpy)
+from zhie.core.files import atomic_write_text, check_file_target  # noqa: E402
+from zhie.data import FORMATS  # noqa: E402
+from zhie.deploy import stream  # noqa: E402
+from zhie.precision import PRECISIONS  # noqa: E402
+from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags, positive_int  # noqa: E402
+from zhie.tasks.modeldir import resolve_model_dir  # noqa: E402
+from zhie.version import __version__  # noqa: E402
 
 
 def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
