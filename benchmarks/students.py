@@ -88,7 +88,7 @@ def run(args) -> dict:
     result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
                              student=args.student, width=args.width, ffn_width=args.ffn_width,
-                             dilations=args.dilations, head=args.head,
+                             dilations=args.dilations, bigrams=args.bigrams, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature,
                              targets_from=args.targets_from, config=config,
                              progress=not args.quiet)
@@ -97,7 +97,7 @@ def run(args) -> dict:
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
-            "dilations": args.dilations, "head": args.head, "targets_from": args.targets_from,
+            "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
@@ -122,6 +122,7 @@ def main() -> None:
     p.add_argument("--width", type=int, default=256, help="--student conv: channels per block")
     p.add_argument("--ffn-width", type=int, default=None, help="--student cut: feed-forward neurons kept per layer")
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
+    p.add_argument("--bigrams", type=int, default=0, help="--student conv: rows of the hashed bigram table")
     p.add_argument("--head", default=None, help="--student conv: egp for a gp teacher (default: the teacher's)")
     p.add_argument("--wiki-sentences", type=int, default=0)
     p.add_argument("--targets-from", default=None, help="an earlier run's student directory: reuse its teacher outputs")

@@ -17,7 +17,16 @@ from tests.tiny_models import nested_corpus
 from zhie import encoders
 from zhie.data import write_ner_jsonl
 from zhie.encoders import WeightsMismatchError
-from zhie.encoders.conv import RESIDUALS, ConvConfig, ConvModel, DilatedConv1d, conv_student, fold_embeddings
+from zhie.encoders.conv import (
+    BIGRAM_PRIME,
+    RESIDUALS,
+    ConvConfig,
+    ConvModel,
+    DilatedConv1d,
+    bigram_ids,
+    conv_student,
+    fold_embeddings,
+)
 from zhie.training import TrainConfig
 
 TEXTS = ["王伟在青山市的远华大学工作了很多年。", "好", "记者从恒信银行获悉，李娜将前往北宁县考察。", "中国人民"]
@@ -43,9 +52,10 @@ def hidden(model, input_ids, attention_mask, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------------- the encoder
+@pytest.mark.parametrize("bigrams", [0, 11])
 @pytest.mark.parametrize("residual", RESIDUALS)
-def test_right_padding_never_changes_a_sentences_outputs(residual):
-    model = small(residual=residual)
+def test_right_padding_never_changes_a_sentences_outputs(residual, bigrams):
+    model = small(residual=residual, bigram_buckets=bigrams)
     sentence = [2, 17, 5, 33, 8, 3]
     alone = hidden(model, [sentence], [[1] * 6]).last_hidden_state[0]
     for extra in (1, 3, 9):  # padding ids, and other tokens under a zero mask: neither may reach the sentence
@@ -93,9 +103,10 @@ def test_a_scaled_stack_adds_each_blocks_scaled_update_and_normalises_once():
     assert all(block.scale.item() == 1.0 for block in fresh.encoder.layer)
 
 
+@pytest.mark.parametrize("bigrams", [0, 11])
 @pytest.mark.parametrize("residual", RESIDUALS)
-def test_folding_the_embeddings_into_their_table_keeps_the_function(residual, tmp_path):
-    model = small(residual=residual)
+def test_folding_the_embeddings_into_their_table_keeps_the_function(residual, bigrams, tmp_path):
+    model = small(residual=residual, bigram_buckets=bigrams)
     with torch.no_grad():  # a LayerNorm that is not the identity, so that folding it in is seen
         model.embeddings.LayerNorm.weight.uniform_(0.5, 1.5)
         model.embeddings.LayerNorm.bias.uniform_(-0.5, 0.5)
@@ -114,6 +125,24 @@ def test_folding_the_embeddings_into_their_table_keeps_the_function(residual, tm
     assert fold_embeddings(folded) is folded
     with pytest.raises(ValueError, match="embedding_size"):
         ConvConfig(embedding_size=12, hidden_size=16, folded_embeddings=True)
+
+
+def test_each_token_adds_the_row_of_the_bigram_it_starts():
+    """Row ``(id_t * P + id_{t+1}) % buckets`` (P = BIGRAM_PRIME) of the bigram table, added after the LayerNorm; the
+    last token, and one before padding, pair with the padding id; a model without the table has none."""
+    ids, mask = torch.tensor([[2, 17, 5, 3, 21, 21]]), torch.tensor([[1, 1, 1, 1, 0, 0]])
+    rows = bigram_ids(ids, 11, 0, mask)
+    assert rows.tolist() == [[(2 * BIGRAM_PRIME + 17) % 11, (17 * BIGRAM_PRIME + 5) % 11, (5 * BIGRAM_PRIME + 3) % 11,
+                              (3 * BIGRAM_PRIME) % 11, 0, 0]]
+    assert bigram_ids(ids, 11, 0)[0, 3:].tolist() == [(3 * BIGRAM_PRIME + 21) % 11, (21 * BIGRAM_PRIME + 21) % 11,
+                                                      (21 * BIGRAM_PRIME) % 11]
+    model, plain = small(bigram_buckets=11), small()
+    assert plain.embeddings.bigram_embeddings is None and "bigram" not in str(plain.state_dict().keys())
+    emb = model.embeddings
+    with torch.no_grad():
+        want = emb.LayerNorm(emb.projection(emb.word_embeddings(ids))) + emb.bigram_embeddings.weight[rows]
+        torch.testing.assert_close(emb(ids, mask), want, rtol=0, atol=0)
+    assert 0 < emb.bigram_embeddings.weight.std().item() < 0.05  # initialised as the word table: small
 
 
 @pytest.mark.parametrize("kernel_size,dilation", [(1, 1), (3, 1), (3, 2), (5, 4)])
@@ -135,6 +164,10 @@ def test_bad_configurations_say_what_is_wrong():
         ConvConfig(dilations=[1, 0])
     with pytest.raises(ValueError, match="residual 'pre'"):
         ConvConfig(residual="pre")
+    with pytest.raises(ValueError, match="bigram_buckets -1"):
+        ConvConfig(bigram_buckets=-1)
+    with pytest.raises(ValueError, match="renumber"):  # the table's rows are hashes of the ids
+        encoders.prune_vocab(small(bigram_buckets=5), None, [1, 2])
 
 
 def test_save_and_load_pretrained_give_the_same_outputs(tmp_path):
@@ -193,16 +226,16 @@ def test_conv_student_copies_the_teachers_embeddings():
 
 
 # ------------------------------------------------------------------------------------------------- a NER model on it
-@pytest.fixture(scope="module", params=RESIDUALS)
+@pytest.fixture(scope="module", params=[f"residual={r}" for r in RESIDUALS] + ["residual=scaled,bigram_buckets=512"])
 def ner(tmp_path_factory, request):
-    """A GlobalPointer NER model on a conv encoder of each block kind, trained by ``zhie.fit`` on the nested corpus:
-    (summary, dir)."""
+    """A GlobalPointer NER model on a conv encoder of each block kind (and one with a bigram table), trained by
+    ``zhie.fit`` on the nested corpus: (summary, dir)."""
     out = tmp_path_factory.mktemp("conv-ner")
     write_ner_jsonl(nested_corpus(160, seed=1), out / "train.jsonl")
     write_ner_jsonl(nested_corpus(40, seed=2), out / "dev.jsonl")
     config = TrainConfig(epochs=6, batch_size=16, lr=2e-3, head_lr=2e-3, warmup=0.05, seed=0, eval_every=10**9)
     result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run",
-                      encoder=f"{SPEC},residual={request.param}", head="gp",
+                      encoder=f"{SPEC},{request.param}", head="gp",
                       max_length=64, config=config, resume=False, progress=False)
     return result, out / "run" / "best"
 

@@ -307,12 +307,17 @@ def test_a_student_head_must_give_the_teachers_output_type_and_a_cut_keeps_its_h
                             encoder_layers=1, head=head, config=_config(1), progress=False)
 
 
-def test_a_convolutional_students_dilations_are_its_own_and_in_its_recipe(ner_files, tmp_path):
+def test_a_convolutional_students_dilations_and_bigrams_are_its_own_and_in_its_recipe(ner_files, tmp_path):
     teacher = trained("ner-gp")
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", student="conv", encoder_layers=2,
-                    width=32, dilations=[1, 3], config=_config(1), progress=False)
-    assert zhie.load(tmp_path / "s" / "best").model.encoder.config.dilations == [1, 3]
-    assert json.loads((tmp_path / "s" / "distill.json").read_text())["dilations"] == [1, 3]
+                    width=32, dilations=[1, 3], bigrams=97, config=_config(1), progress=False)
+    config = zhie.load(tmp_path / "s" / "best").model.encoder.config
+    assert config.dilations == [1, 3] and config.bigram_buckets == 97
+    recipe = json.loads((tmp_path / "s" / "distill.json").read_text())
+    assert recipe["dilations"] == [1, 3] and recipe["bigrams"] == 97
+    with pytest.raises(ValueError, match="--bigrams adds a table to a convolutional student"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "b", encoder_layers=1, bigrams=8,
+                        config=_config(1), progress=False)
     with pytest.raises(ValueError, match="--student conv"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "c", encoder_layers=1, dilations=[1, 2],
                         config=_config(1), progress=False)

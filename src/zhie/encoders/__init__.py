@@ -410,6 +410,9 @@ def prune_vocab(model: nn.Module, tokenizer, keep_ids: Iterable[int]):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
+    if getattr(model.config, "bigram_buckets", 0):
+        raise ValueError("this model's bigram table is indexed by hashes of its token ids, which pruning its "
+                         "vocabulary would renumber: keep its vocabulary as it is (--keep-tokens all)")
     keep = sorted(set(keep_ids) | set(tokenizer.all_special_ids))
     old_to_new = {old: new for new, old in enumerate(keep)}
     spec = json.loads(_serialisable(tokenizer.backend_tokenizer))

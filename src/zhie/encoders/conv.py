@@ -17,8 +17,11 @@ the four fused Add + LayerNorm of the post-norm stack took about a third of the 
 student; ``benchmarks/RESULTS.md``, "Fast students"). Block ``i`` has the dilation ``dilations[i % len(dilations)]``
 (``[1, 2, 4, 1]``: each token sees 17 characters after four blocks of kernel 3) and "same" zero padding. Padding
 positions are zeroed before every convolution, so a right-padded row computes exactly what the row alone computes:
-padding never leaks into real tokens. There are no
-position embeddings (convolutions are local) and no attention: per token and block, one ``kernel_size x hidden x
+padding never leaks into real tokens. With ``bigram_buckets`` (``zhie distill --bigrams N``), each token
+also adds the row of a second, learnt table for the pair it starts (itself and the next token; the last one, and one
+before padding, pair with the padding id), hashed into ``bigram_buckets`` rows (:func:`bigram_ids`): character
+bigrams, the classic lexical feature of Chinese character taggers, at the cost of one more gather. There
+are no position embeddings (convolutions are local) and no attention: per token and block, one ``kernel_size x hidden x
 hidden`` product, computed as one matrix product over the token's window (:class:`DilatedConv1d`), which ONNX int8
 quantisation turns into a fast integer MatMul.
 
@@ -44,11 +47,12 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutput
 
 __all__ = ["RESIDUALS", "STUDENT_DILATIONS", "STUDENT_RESIDUAL", "ConvConfig", "ConvModel", "DilatedConv1d",
-           "conv_student", "fold_embeddings"]
+           "bigram_ids", "conv_student", "fold_embeddings"]
 
 RESIDUALS = ("postnorm", "scaled")
 STUDENT_RESIDUAL = "scaled"  # the block of a distilled student (conv_student): the faster one
 STUDENT_DILATIONS = (1, 2, 4, 1)  # a distilled student's default: each token sees 17 characters after four blocks
+BIGRAM_PRIME = 1_000_003  # above any vocabulary's size: (first * BIGRAM_PRIME + second) is one number per pair
 
 
 class ConvConfig(PretrainedConfig):
@@ -60,7 +64,7 @@ class ConvConfig(PretrainedConfig):
 LayerNorm after every block; the default, which a saved model without the field was trained with) or ``"scaled"``
 (no normalisation per block, one at the end: see the module docstring); ``folded_embeddings``: the table's rows are
 the embeddings' outputs already (projection and LayerNorm folded in by :func:`fold_embeddings`; ``embedding_size``
-is then ``hidden_size``);
+is then ``hidden_size``); ``bigram_buckets``: the rows of the bigram table (0: none; see the module docstring);
 ``max_position_embeddings`` is only
     informational (a convolution has no length limit; a tokenizer built for it takes it as its length).
     """
@@ -71,7 +75,8 @@ is then ``hidden_size``);
                  num_hidden_layers: int = 4, kernel_size: int = 3, dilations: Sequence[int] | int | str = (1, 2, 4, 1),
                  hidden_act: str = "relu", hidden_dropout_prob: float = 0.1, layer_norm_eps: float = 1e-5,
                  initializer_range: float = 0.02, pad_token_id: int = 0, max_position_embeddings: int = 512,
-                 residual: str = "postnorm", folded_embeddings: bool = False, **kwargs) -> None:
+                 residual: str = "postnorm", folded_embeddings: bool = False, bigram_buckets: int = 0,
+                 **kwargs) -> None:
         kwargs.pop("attention_probs_dropout_prob", None)  # what new:conv:dropout=P also sets: there is no attention
         super().__init__(pad_token_id=pad_token_id, **kwargs)
         if isinstance(dilations, str):
@@ -91,6 +96,10 @@ is then ``hidden_size``);
         self.max_position_embeddings = max_position_embeddings
         self.residual = residual
         self.folded_embeddings = folded_embeddings
+        self.bigram_buckets = int(bigram_buckets)
+        if self.bigram_buckets < 0:
+            raise ValueError(f"bigram_buckets {bigram_buckets}: give 0 (no bigram table) or the table's rows, "
+                             "e.g. 65536")
         if folded_embeddings and embedding_size != hidden_size:
             raise ValueError(f"folded_embeddings reads the table's rows as they are: embedding_size ({embedding_size}) "
                              f"must be hidden_size ({hidden_size})")
@@ -109,9 +118,19 @@ is then ``hidden_size``);
         return self.dilations[block % len(self.dilations)]
 
 
+def bigram_ids(input_ids: Tensor, buckets: int, pad_id: int, mask: Tensor | None = None) -> Tensor:
+    """``[b, n]`` token ids -> the row of the bigram each token starts: ``(id_t * BIGRAM_PRIME + id_{t+1}) % buckets``,
+    where ``id_n`` and the ids under a zero ``mask`` (``[b, n]``, None: every token) read as the padding id: a
+    right-padded row's tokens get the rows that the row alone gets."""
+    ids = input_ids if mask is None else torch.where(mask.bool(), input_ids, pad_id)
+    following = F.pad(ids[:, 1:], (0, 1), value=pad_id)
+    return (ids * BIGRAM_PRIME + following) % buckets
+
+
 class ConvEmbeddings(nn.Module):
     """Character embeddings, projected to ``hidden_size``, LayerNorm, dropout; with ``config.folded_embeddings`` the
-    rows, then dropout (the projection and the LayerNorm are in the table: :func:`fold_embeddings`)."""
+    rows, then dropout (the projection and the LayerNorm are in the table: :func:`fold_embeddings`). With
+    ``config.bigram_buckets``, the row of each token's bigram (:func:`bigram_ids`) is added before the dropout."""
 
     def __init__(self, config: ConvConfig) -> None:
         super().__init__()
@@ -121,10 +140,18 @@ class ConvEmbeddings(nn.Module):
         else:
             self.projection = nn.Linear(config.embedding_size, config.hidden_size)
             self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815
+        self.bigram_embeddings = (nn.Embedding(config.bigram_buckets, config.hidden_size) if config.bigram_buckets
+                                  else None)
+        self.pad_id = config.pad_token_id
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        return self.dropout(self.LayerNorm(self.projection(self.word_embeddings(input_ids))))
+    def forward(self, input_ids: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``input_ids [b, n]``; ``mask [b, n]`` (1 = token; None: every one): what the bigrams read as padding."""
+        x = self.LayerNorm(self.projection(self.word_embeddings(input_ids)))
+        if self.bigram_embeddings is not None:
+            rows = bigram_ids(input_ids, self.bigram_embeddings.num_embeddings, self.pad_id, mask)
+            x = x + self.bigram_embeddings(rows)
+        return self.dropout(x)
 
 
 class DilatedConv1d(nn.Linear):
@@ -187,6 +214,8 @@ class ConvModel(PreTrainedModel):
             self.encoder.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)  # noqa: N815
         with torch.no_grad():  # as transformers initialises a BERT's: normal, the padding row zero
             nn.init.normal_(self.embeddings.word_embeddings.weight, std=config.initializer_range)
+            if self.embeddings.bigram_embeddings is not None:
+                nn.init.normal_(self.embeddings.bigram_embeddings.weight, std=config.initializer_range)
             if config.pad_token_id is not None:
                 self.embeddings.word_embeddings.weight[config.pad_token_id].zero_()
         self.post_init()
@@ -207,7 +236,7 @@ class ConvModel(PreTrainedModel):
         """``input_ids``, ``attention_mask`` ``[b, n]`` (None: every token that is not the padding id) -> the hidden
         states; other keyword arguments a BERT takes (``token_type_ids`` ...) are accepted and ignored."""
         valid = (input_ids != self.config.pad_token_id) if attention_mask is None else attention_mask
-        x = self.embeddings(input_ids)
+        x = self.embeddings(input_ids, valid)
         mask = valid.unsqueeze(-1).to(x.dtype)
         states = [x]
         for block in self.encoder.layer:
@@ -220,17 +249,17 @@ class ConvModel(PreTrainedModel):
 
 def conv_student(teacher_encoder: nn.Module, *, hidden_size: int = 256, layers: int = 4, kernel_size: int = 3,
                  dilations: Sequence[int] = STUDENT_DILATIONS, residual: str = STUDENT_RESIDUAL,
-                 seed: int = 0) -> ConvModel:
+                 bigram_buckets: int = 0, seed: int = 0) -> ConvModel:
     """A fresh :class:`ConvModel` reading the teacher's tokens: its embedding table is a copy of the teacher's word
     embeddings (``teacher_encoder.get_input_embeddings().weight``: vocabulary and embedding width), its padding id the
-    teacher's; ``residual`` as in :class:`ConvConfig`; every other weight is
+    teacher's; ``residual`` and ``bigram_buckets`` as in :class:`ConvConfig`; every other weight is
     initialised from ``seed`` (the global random state is left as it was). The teacher's tokenizer is the student's."""
     table = teacher_encoder.get_input_embeddings().weight.detach()
     teacher = teacher_encoder.config
     pad = getattr(teacher, "pad_token_id", None)
     config = ConvConfig(vocab_size=table.shape[0], embedding_size=table.shape[1], hidden_size=hidden_size,
                         num_hidden_layers=layers, kernel_size=kernel_size, dilations=list(dilations),
-                        residual=residual, pad_token_id=0 if pad is None else pad,
+                        residual=residual, bigram_buckets=bigram_buckets, pad_token_id=0 if pad is None else pad,
                         max_position_embeddings=getattr(teacher, "max_position_embeddings", 512))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -243,7 +272,8 @@ def conv_student(teacher_encoder: nn.Module, *, hidden_size: int = 256, layers: 
 def fold_embeddings(model: ConvModel) -> ConvModel:
     """The same function with the embeddings folded into their table: a :class:`ConvModel` with
     ``folded_embeddings=True`` whose row ``i`` is ``LayerNorm(projection(word_embeddings[i]))`` (``hidden_size``
-    wide; both act on one row at a time), every other weight the same, in eval mode (the embeddings' dropout then does
+    wide; both act on one row at a time; a bigram table is added after them, so it stays as it is), every other
+    weight the same, in eval mode (the embeddings' dropout then does
     nothing, as in prediction). Per token one row gather instead of a gather, an ``embedding_size x hidden_size``
     product (a fifth of a 4 x 128 student's multiply-adds) and a LayerNorm; ``zhie export`` writes a convolutional
     encoder this way. A folded model comes back as it is."""

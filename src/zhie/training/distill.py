@@ -236,6 +236,9 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
     same.add_argument("--dilations", type=dilation_list, default=None, metavar="D,D,...",
                       help="--student conv: the blocks' dilations, cycled (default 1,2,4,1: each token sees 17 "
                            "characters after 4 blocks; 1,2,4,8 sees 31 at the same cost)")
+    same.add_argument("--bigrams", type=int, default=0, metavar="N",
+                      help="--student conv: add a learnt table of character bigrams hashed into N rows (e.g. 65536; "
+                           "default 0, none): one more gather per token")
     same.add_argument("--ffn-width", type=int, default=None, metavar="N",
                       help="--student cut: keep the N most important feed-forward neurons of each kept layer (their "
                            "mean activation on the training text times their output weights' norm; e5-small has "
@@ -308,8 +311,8 @@ def cmd_distill(args) -> None:
         result = distill_student(args.teacher, args.train, out=args.out, dev=args.dev, unlabelled=args.unlabelled,
                                  max_unlabelled=args.max_unlabelled, format=args.format, keep_layers=args.keep_layers,
                                  encoder_layers=args.encoder_layers, student=args.student, width=args.width,
-                                 ffn_width=args.ffn_width, dilations=args.dilations, head=args.head,
-                                 hard_weight=args.hard_weight,
+                                 ffn_width=args.ffn_width, dilations=args.dilations, bigrams=args.bigrams,
+                                 head=args.head, hard_weight=args.hard_weight,
                                  temperature=args.temperature, targets_from=args.targets_from, config=config,
                                  resume=not args.no_resume,
                                  progress=not args.quiet)

@@ -174,7 +174,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
-                    ffn_width: int | None = None, dilations: list[int] | None = None, head: str | None = None,
+                    ffn_width: int | None = None, dilations: list[int] | None = None, bigrams: int = 0,
+                    head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0,
                     targets_from: str | os.PathLike | None = None,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
@@ -187,7 +188,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
     embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
-    :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with ``head`` (:func:`other_head`) if given.
+    :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with a table of character bigrams hashed into ``bigrams`` rows if
+    given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head`` (:func:`other_head`) if given.
 
     ``targets_from``: the run directory of an earlier distillation whose stored teacher outputs this one reuses
     instead of running the teachers again (copied into ``out``); they must come from the same teachers, data files
@@ -223,9 +225,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                          "is --width)")
     if dilations is not None and student != "conv":
         raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
+    if bigrams and student != "conv":
+        raise ValueError("--bigrams adds a table to a convolutional student: it is for --student conv")
     dilations = list(STUDENT_DILATIONS if dilations is None else dilations)
     if student == "conv":
-        ConvConfig(dilations=dilations)  # its check of the dilations, now rather than after the teachers' pass
+        ConvConfig(dilations=dilations, bigram_buckets=bigrams)  # its checks now, not after the teachers' pass
     if ffn_width is not None:
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
@@ -241,7 +245,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
               "head": getattr(student_task.config, "head", None),
               **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
-                  "residual": STUDENT_RESIDUAL} if student == "conv" else {"origin": origin}),
+                  "residual": STUDENT_RESIDUAL, **({"bigrams": bigrams} if bigrams else {})}
+                 if student == "conv" else {"origin": origin}),
               "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
@@ -268,7 +273,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
 
     model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn,
-                          dilations, origin)
+                          dilations, origin, bigrams)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -310,11 +315,13 @@ def other_head(task, head: str, directory: Path, student: str):
 
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
                   seed: int, ffn: tuple[int, list[Tensor]] | None = None,
-                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None) -> Model:
+                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None,
+                  bigrams: int = 0) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
     feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`)
-    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``
-    (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
+    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and
+    ``dilations``, with ``bigrams`` rows of hashed bigrams (:func:`zhie.encoders.conv.conv_student`: the teacher's
+    embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
     (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
     if kind == "cut":
@@ -326,7 +333,8 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
         if kind == "conv":
             from zhie.encoders.conv import conv_student
 
-            encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations, seed=seed)
+            encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations,
+                                   bigram_buckets=bigrams, seed=seed)
         else:
             encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
         with seeded(seed):
