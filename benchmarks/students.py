@@ -90,6 +90,7 @@ def run(args) -> dict:
                              student=args.student, width=args.width, ffn_width=args.ffn_width,
                              dilations=args.dilations, bigrams=args.bigrams, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature,
+                             hidden_weight=args.hidden_weight,
                              targets_from=args.targets_from, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
@@ -99,6 +100,7 @@ def run(args) -> dict:
             "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
             "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
             "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
+            "hidden_weight": args.hidden_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
             "f1_per_epoch": [h["dev"].get("f1") for h in history], "train_s": round(time.time() - start),
@@ -128,6 +130,7 @@ def main() -> None:
     p.add_argument("--targets-from", default=None, help="an earlier run's student directory: reuse its teacher outputs")
     p.add_argument("--hard-weight", type=float, default=0.5)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--hidden-weight", type=float, default=0.0, help="the hidden-state loss's weight (0: off)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-4)

@@ -394,3 +394,56 @@ def test_a_run_reuses_the_teacher_outputs_of_an_earlier_run_of_the_same_teacher_
     with pytest.raises(ValueError, match="no stored teacher outputs"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "none", targets_from=tmp_path / "t2",
                         **args)
+
+
+# ------------------------------------------------------------------------------------------------ hidden states
+def test_the_hidden_state_loss_is_the_mean_squared_difference_over_the_tokens_by_hand():
+    student = torch.tensor([[[1.0, 2.0], [3.0, -1.0], [9.0, 9.0]]])  # [1, 3, 2]; the third token is padding
+    teacher = torch.tensor([[[0.0, 2.0], [1.0, 1.0], [0.0, 0.0]]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert students.hidden_loss(student, teacher, mask).item() == pytest.approx((1 + 0 + 4 + 4) / 4)
+
+
+def test_the_objective_adds_the_weighted_hidden_state_loss_through_its_projection():
+    teacher = zhie.load(trained("ner-gp"))
+    task, model = teacher.task, teacher.model.eval()
+    width = model.encoder.config.hidden_size
+    items = task.encode(nested_corpus(4, seed=3))
+    batch = task.collate(items)
+    with torch.no_grad():
+        hidden, outputs = model.hidden_and_outputs(batch["input_ids"], batch["attention_mask"], heads=[task.head_name])
+        torch.testing.assert_close(hidden, model.encoder(input_ids=batch["input_ids"],
+                                                         attention_mask=batch["attention_mask"]).last_hidden_state)
+        target = torch.randn_like(hidden)
+        batch = task.soft_batch(batch, task.soft_targets(outputs[task.head_name], batch, 1.0))
+        batch["teacher_hidden"] = target
+        plain = students.DistillObjective(task, 0.5, 1.0)(model, batch)
+        objective = students.DistillObjective(task, 0.5, 1.0, hidden_weight=0.3, widths=(width, width))
+        assert torch.equal(objective.projection.weight, torch.eye(width))  # equal widths: starts as the identity
+        want = plain + 0.3 * students.hidden_loss(hidden, target, batch["attention_mask"])
+        torch.testing.assert_close(objective(model, batch), want)
+    assert students.DistillObjective(task, 0.5, 1.0, 1.0, (width, 7)).projection.weight.shape == (7, width)
+
+
+def test_a_student_matching_the_teachers_hidden_states_stores_them_once_and_agrees(ner_files, tmp_path, monkeypatch):
+    teacher = trained("ner-gp")
+    args = dict(dev=ner_files / "dev.jsonl", unlabelled=[ner_files / "unlabelled.txt"], student="conv",
+                encoder_layers=3, width=64, head="egp", config=_config(8), progress=False)
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "first", **{**args, "config": _config(1)})
+    calls = []
+    real = students.teacher_hidden
+    monkeypatch.setattr(students, "teacher_targets", lambda *a, **k: pytest.fail("the teacher's outputs ran again"))
+    monkeypatch.setattr(students, "teacher_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", hidden_weight=1.0,
+                    targets_from=tmp_path / "first", **args)  # the stored outputs, and one pass for the states
+    stored = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    lesson = stored["lessons"][0]
+    assert calls == [1] and lesson.hidden.dtype == torch.float16
+    assert lesson.hidden.shape == (len(lesson.item.ids) + 2, zhie.load(teacher).model.encoder.config.hidden_size)
+    assert json.loads((tmp_path / "s" / "distill.json").read_text())["hidden_weight"] == 1.0
+    student = zhie.load(tmp_path / "s" / "best")
+    assert _agreement(zhie.load(teacher), student, [ex.text for ex in nested_corpus(40, seed=9)]) >= 0.9
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", hidden_weight=1.0, **args)
+    assert calls == [1]  # a finished run reads its stored states back
+    with pytest.raises(ValueError, match="one --teacher"):
+        distill_student([teacher, teacher], ner_files / "train.jsonl", out=tmp_path / "e", hidden_weight=1.0, **args)

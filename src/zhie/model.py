@@ -39,6 +39,12 @@ class Model(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, heads: Sequence[str] | None = None
                 ) -> dict[str, object]:
+        return self.hidden_and_outputs(input_ids, attention_mask, heads)[1]
+
+    def hidden_and_outputs(self, input_ids: Tensor, attention_mask: Tensor, heads: Sequence[str] | None = None
+                           ) -> tuple[Tensor, dict[str, object]]:
+        """The encoder's last hidden states ``[b, n, hidden]`` and :meth:`forward`'s outputs, from one encoder pass
+        (what distillation with hidden-state matching reads)."""
         chosen = {name: self.heads[name] for name in heads} if heads is not None else dict(self.heads.items())
         layers = {name: tuple(getattr(head, "layers", (-1,))) for name, head in chosen.items()}
         all_layers = any(ids != (-1,) for ids in layers.values())
@@ -52,7 +58,7 @@ class Model(nn.Module):
                 else:
                     hidden = sum(out.hidden_states[i].float() for i in layers[name]) / len(layers[name])
                 outputs[name] = head(hidden.float() if half else hidden, attention_mask)
-        return outputs
+        return out.last_hidden_state, outputs
 
     @torch.no_grad()
     def arrays(self, input_ids: np.ndarray, attention_mask: np.ndarray, heads: Sequence[str] | None = None

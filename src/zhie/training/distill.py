@@ -250,6 +250,10 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
                       help="weight of the task's own loss on gold (and teacher-predicted) labels; the soft-target "
                            "loss gets 1 minus it")
     same.add_argument("--temperature", type=float, default=1.0, help="softens the teacher's and student's outputs")
+    same.add_argument("--hidden-weight", type=float, default=0.0, metavar="W",
+                      help="add W x the mean squared difference between the student's last hidden states (through a "
+                           "learnt linear map) and the teacher's (TinyBERT's hidden-state loss; one --teacher; "
+                           "default 0, off)")
     same.add_argument("--targets-from", default=None, metavar="RUN",
                       help="reuse the teacher outputs stored by an earlier zhie distill run (its --out directory) of "
                            "the same teachers, data and settings, instead of running the teachers again")
@@ -312,7 +316,7 @@ def cmd_distill(args) -> None:
                                  max_unlabelled=args.max_unlabelled, format=args.format, keep_layers=args.keep_layers,
                                  encoder_layers=args.encoder_layers, student=args.student, width=args.width,
                                  ffn_width=args.ffn_width, dilations=args.dilations, bigrams=args.bigrams,
-                                 head=args.head, hard_weight=args.hard_weight,
+                                 head=args.head, hard_weight=args.hard_weight, hidden_weight=args.hidden_weight,
                                  temperature=args.temperature, targets_from=args.targets_from, config=config,
                                  resume=not args.no_resume,
                                  progress=not args.quiet)

@@ -87,22 +87,45 @@ class Lesson:
 
     item: Any
     target: Any
+    hidden: Tensor | None = None  # the teacher's last hidden states [tokens, hidden] (fp16), with --hidden-weight
 
 
 class DistillObjective(nn.Module):
-    """``objective(model, batch)``: ``hard_weight × task.head_loss + (1 − hard_weight) × task.soft_loss``."""
+    """``objective(model, batch)``: ``hard_weight × task.head_loss + (1 − hard_weight) × task.soft_loss``, plus
+    ``hidden_weight ×`` :func:`hidden_loss` of the student's last hidden states, through a learnt linear map
+    ``widths = (student, teacher)`` (started as the identity where they are equal; trained with the student, not
+    saved with it), against the teacher's (``batch["teacher_hidden"]``)."""
 
-    def __init__(self, task, hard_weight: float, temperature: float) -> None:
+    def __init__(self, task, hard_weight: float, temperature: float, hidden_weight: float = 0.0,
+                 widths: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.task, self.hard_weight, self.temperature = task, hard_weight, temperature
+        self.hidden_weight = hidden_weight
+        if hidden_weight:
+            self.projection = nn.Linear(*widths)
+            if widths[0] == widths[1]:
+                with torch.no_grad():
+                    self.projection.weight.copy_(torch.eye(widths[0]))
+                    self.projection.bias.zero_()
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
         name = self.task.head_name
-        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[name])[name]
+        hidden, outputs = model.hidden_and_outputs(batch["input_ids"], batch["attention_mask"], heads=[name])
+        output = outputs[name]
         soft = self.task.soft_loss(output, batch, self.temperature)
-        if self.hard_weight == 0:
-            return soft
-        return self.hard_weight * self.task.head_loss(model.heads[name], output, batch) + (1 - self.hard_weight) * soft
+        loss = soft if self.hard_weight == 0 else (
+            self.hard_weight * self.task.head_loss(model.heads[name], output, batch) + (1 - self.hard_weight) * soft)
+        if self.hidden_weight:
+            loss = loss + self.hidden_weight * hidden_loss(self.projection(hidden), batch["teacher_hidden"],
+                                                           batch["attention_mask"])
+        return loss
+
+
+def hidden_loss(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+    """The mean over the tokens of ``mask`` (``[b, n]``, 1 = token) of the mean squared difference between the
+    student's (projected) and the teacher's hidden states ``[b, n, hidden]`` (TinyBERT's hidden-state loss)."""
+    weights = mask.to(student.dtype).unsqueeze(-1)
+    return ((student - teacher.to(student.dtype)) ** 2 * weights).sum() / (weights.sum() * student.shape[-1])
 
 
 def load_teachers(paths: list[str | os.PathLike], device: torch.device) -> Pipeline:
@@ -153,6 +176,26 @@ def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature
     return targets
 
 
+@torch.no_grad()
+def teacher_hidden(teacher: Pipeline, items: list, batch_size: int, device: torch.device,
+                   progress: bool = False) -> list[Tensor]:
+    """The teacher encoder's last hidden states of every item, ``[its tokens (specials included), hidden]`` in fp16 on
+    the CPU, in item order; batches as :func:`teacher_targets`'s."""
+    task, encoder = teacher.task, teacher.model.encoder
+    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
+    states: list = [None] * len(items)
+    batches = list(sorted_batches(lengths, batch_size))
+    for k, idx in enumerate(batches):
+        batch = task.collate([items[i] for i in idx])
+        mask = batch["attention_mask"]
+        hidden = encoder(input_ids=batch["input_ids"].to(device), attention_mask=mask.to(device)).last_hidden_state
+        for row, i in enumerate(idx):
+            states[i] = hidden[row, :int(mask[row].sum())].to("cpu", torch.float16)
+        if progress and (k + 1) % 100 == 0:
+            logger.info("teacher hidden states: %d/%d batches", k + 1, len(batches))
+    return states
+
+
 def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: int | None) -> tuple[list[str], dict]:
     """The distinct texts of ``paths`` (one per line, or JSON lines with "text") that are not in ``exclude`` (the dev
     texts), the first ``limit`` of them; and counts of what was left out."""
@@ -176,7 +219,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
                     ffn_width: int | None = None, dilations: list[int] | None = None, bigrams: int = 0,
                     head: str | None = None,
-                    hard_weight: float = 0.5, temperature: float = 1.0,
+                    hard_weight: float = 0.5, temperature: float = 1.0, hidden_weight: float = 0.0,
                     targets_from: str | os.PathLike | None = None,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
     """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
@@ -191,6 +234,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with a table of character bigrams hashed into ``bigrams`` rows if
     given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head`` (:func:`other_head`) if given.
 
+    ``hidden_weight`` (0: off) adds the hidden-state loss (:class:`DistillObjective`) against the teacher's last hidden
+    states, computed once by a pass of the teacher's encoder and stored with its outputs (one teacher only: the
+    hidden states of separately trained seeds are not in one space).
+
     ``targets_from``: the run directory of an earlier distillation whose stored teacher outputs this one reuses
     instead of running the teachers again (copied into ``out``); they must come from the same teachers, data files
     and settings (:func:`reused_lessons`)."""
@@ -198,6 +245,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
         raise ValueError(f"--temperature {temperature}: must be positive")
+    if hidden_weight < 0:
+        raise ValueError(f"--hidden-weight {hidden_weight}: must be 0 (off) or positive")
+    if hidden_weight and len(teachers) > 1:
+        raise ValueError("--hidden-weight matches one teacher's hidden states; the seeds of an ensemble were trained "
+                         "apart and their hidden states are not in one space: give one --teacher")
     if not teachers:
         raise ValueError("name at least one teacher model directory (--teacher DIR)")
     config = config or TrainConfig(lr=1e-4, batch_size=16)
@@ -247,7 +299,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
                   "residual": STUDENT_RESIDUAL, **({"bigrams": bigrams} if bigrams else {})}
                  if student == "conv" else {"origin": origin}),
-              "hard_weight": hard, "temperature": temperature, "unlabelled_texts": len(texts),
+              "hard_weight": hard, "temperature": temperature,
+              **({"hidden_weight": hidden_weight} if hidden_weight else {}), "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
                                 {"temperature": temperature, "max_unlabelled": max_unlabelled, "format": format})
@@ -269,6 +322,11 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
             path = out / TARGETS
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: torch.save(stored, f))
+    if hidden_weight and stored["lessons"] and stored["lessons"][0].hidden is None:
+        states = teacher_hidden(teacher, [les.item for les in stored["lessons"]], 64, device, progress)
+        stored = {**stored, "lessons": [Lesson(les.item, les.target, h) for les, h in zip(stored["lessons"], states)]}
+        if is_main_process():
+            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
     lessons = stored["lessons"]
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
 
@@ -282,10 +340,18 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                         options={"distilled_from": recipe}) if is_main_process() else {}
 
     def collate(batch: list[Lesson]) -> dict[str, Tensor]:
-        return student_task.soft_batch(student_task.collate([b.item for b in batch]), [b.target for b in batch])
+        collated = student_task.soft_batch(student_task.collate([b.item for b in batch]), [b.target for b in batch])
+        if hidden_weight:
+            states = torch.zeros((*collated["input_ids"].shape, batch[0].hidden.shape[-1]), dtype=torch.float16)
+            for row, b in enumerate(batch):
+                states[row, :len(b.hidden)] = b.hidden
+            collated["teacher_hidden"] = states
+        return collated
 
     lengths = [len(les.item.ids) for les in lessons] if cls.group_by_length else None
-    result = train(model, lessons, collate=collate, loss_fn=DistillObjective(student_task, hard, temperature),
+    widths = (model.encoder.config.hidden_size, first.encoder.config.hidden_size)
+    objective = DistillObjective(student_task, hard, temperature, hidden_weight, widths)
+    result = train(model, lessons, collate=collate, loss_fn=objective,
                    config=config, out_dir=out, evaluate=evaluator, metric=student_task.metric,
                    save_best=saver(student_task, record, evaluator), lengths=lengths, resume=resume,
                    progress=progress, identity={**identity, **{f"student.{k}": v for k, v in recipe.items()}})
