@@ -338,22 +338,32 @@ def tradeoff_table() -> str:
 
 
 def tradeoff_plot(path: Path) -> None:
-    """Dev F1 against sentences/s (log scale) of every CLUENER tradeoff row with an F1, one marker per variant."""
+    """Dev F1 against sentences/s (log scale) of the CLUENER tradeoff rows, one marker per variant: each model's latest
+    row of each variant, the untrained cuts (``--cut NAME=...``: speed only) left out; each NER peer's latest speed as a
+    dashed line (it has no CLUENER F1)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for variant, marker in (("torch", "s"), ("fp32", "o"), ("int8", "^"), ("peer", "*")):
-        rs = [r for r in rows("tradeoff.jsonl")
-              if r["variant"] == variant and r["dataset"] == "cluener" and r["dev_f1"] is not None]
+    latest = {}
+    for r in rows("tradeoff.jsonl"):
+        if r["dataset"] == "cluener" and f"--cut {r['model']}=" not in r["command"]:
+            latest[r["model"], r["variant"]] = r
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for variant, marker in (("torch", "s"), ("fp32", "o"), ("int8", "^")):
+        rs = [r for (_, v), r in latest.items() if v == variant and r["dev_f1"] is not None]
         if not rs:
             continue
         ax.scatter([r["sentences_per_s"] for r in rs], [100 * r["dev_f1"] for r in rs], marker=marker, label=variant)
-        for r in rs:
-            ax.annotate(r["model"], (r["sentences_per_s"], 100 * r["dev_f1"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
+        for k, r in enumerate(sorted(rs, key=lambda r: r["sentences_per_s"])):
+            ax.annotate(r["model"], (r["sentences_per_s"], 100 * r["dev_f1"]), fontsize=6,
+                        xytext=(3, 3 if k % 2 else -8), textcoords="offset points")
+    for (model, variant), r in latest.items():
+        if variant == "peer":
+            ax.axvline(r["sentences_per_s"], linestyle="--", color="grey", linewidth=1)
+            ax.annotate(f"{model} (peer, no CLUENER F1)", (r["sentences_per_s"], ax.get_ylim()[0]), fontsize=6,
+                        rotation=90, xytext=(-9, 4), textcoords="offset points", color="grey")
     ax.set_xscale("log")
     ax.set_xlabel("CLUENER sentences/s through zhie predict, 2 CPU cores (log scale)")
     ax.set_ylabel("dev F1")
