@@ -93,5 +93,5 @@ class _AllGather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
-        start = torch.distributed.get_rank() * ctx.rows
+        start = rank() * ctx.rows
         return all_reduce_sum(grad.contiguous())[start:start + ctx.rows]

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,26 +154,32 @@ def teacher_identity(teachers: list[str | os.PathLike], files: dict[str, str], s
     return {"teachers": models, "data": {role: file_facts(role, p)["sha256"] for role, p in files.items()}, **settings}
 
 
+def item_batches(task, items: list, batch_size: int, progress: bool, what: str) -> Iterator[tuple[list[int], dict]]:
+    """``(indices, collated batch)`` over ``items``: batches of similar length where the task's items have ``ids``
+    (``group_by_length``), else in item order; with ``progress``, a log line every 100 batches naming ``what``."""
+    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
+    batches = list(sorted_batches(lengths, batch_size))
+    for k, idx in enumerate(batches):
+        yield idx, task.collate([items[i] for i in idx])
+        if progress and (k + 1) % 100 == 0:
+            logger.info("%s: %d/%d batches", what, k + 1, len(batches))
+
+
 @torch.no_grad()
 def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
                     progress: bool = False, activity: encoders.FfnActivity | None = None) -> list:
-    """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order; batches
-    of similar length where the task's items have ``ids`` (``group_by_length``), else in item order. ``activity``
-    (hooked on the teacher's encoder, or on an ensemble's first) counts the feed-forward activations meanwhile."""
+    """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order, in the
+    batches of :func:`item_batches`. ``activity`` (hooked on the teacher's encoder, or on an ensemble's first) counts
+    the feed-forward activations meanwhile."""
     task, model = teacher.task, teacher.model
-    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
     targets: list = [None] * len(items)
-    batches = list(sorted_batches(lengths, batch_size))
-    for k, idx in enumerate(batches):
-        batch = task.collate([items[i] for i in idx])
+    for idx, batch in item_batches(task, items, batch_size, progress, "teacher targets"):
         if activity is not None:
             activity.mask = batch["attention_mask"]
         output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                        heads=[task.head_name])[task.head_name]
         for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
             targets[i] = target
-        if progress and (k + 1) % 100 == 0:
-            logger.info("teacher targets: %d/%d batches", k + 1, len(batches))
     return targets
 
 
@@ -180,19 +187,14 @@ def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature
 def teacher_hidden(teacher: Pipeline, items: list, batch_size: int, device: torch.device,
                    progress: bool = False) -> list[Tensor]:
     """The teacher encoder's last hidden states of every item, ``[its tokens (specials included), hidden]`` in fp16 on
-    the CPU, in item order; batches as :func:`teacher_targets`'s."""
-    task, encoder = teacher.task, teacher.model.encoder
-    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
+    the CPU, in item order, in the batches of :func:`item_batches`."""
     states: list = [None] * len(items)
-    batches = list(sorted_batches(lengths, batch_size))
-    for k, idx in enumerate(batches):
-        batch = task.collate([items[i] for i in idx])
+    for idx, batch in item_batches(teacher.task, items, batch_size, progress, "teacher hidden states"):
         mask = batch["attention_mask"]
-        hidden = encoder(input_ids=batch["input_ids"].to(device), attention_mask=mask.to(device)).last_hidden_state
+        hidden = teacher.model.encoder(input_ids=batch["input_ids"].to(device),
+                                       attention_mask=mask.to(device)).last_hidden_state
         for row, i in enumerate(idx):
             states[i] = hidden[row, :int(mask[row].sum())].to("cpu", torch.float16)
-        if progress and (k + 1) % 100 == 0:
-            logger.info("teacher hidden states: %d/%d batches", k + 1, len(batches))
     return states
 
 
