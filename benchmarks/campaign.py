@@ -52,6 +52,7 @@ from pathlib import Path
 
 import tomllib
 from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock
+from gpu_campaign import ENCODER_SCRIPTS
 
 PLAN = ROOT / "benchmarks" / "campaign.toml"
 RESULTS = ROOT / "benchmarks" / "results" / "campaign.jsonl"
@@ -212,13 +213,14 @@ def run(plan_path: Path, results: Path, directory: Path, repo: Path, only: str |
     return 1 if failed else 0
 
 
-GPU_SCRIPTS = ("benchmarks/ner.py", "benchmarks/mtmt.py", "benchmarks/multitask.py")  # each takes --encoder
+GPU_SCRIPTS = (*ENCODER_SCRIPTS, "benchmarks/students.py")  # students.py finds the pruned e5-small in ZHIE_CACHE
 
 
 def device_command(command: str) -> str | None:
     """A row's command as ``gpu_campaign.py`` runs it: without ``{python}`` (python3 there), ``--save-every`` (no
     checkpoints there: a dozen rows writing one every few seconds would cost more than resuming saves) and
-    ``--encoder`` (it adds e5-small's pruned copy), placeholders kept; None for a script not in ``GPU_SCRIPTS``."""
+    ``--encoder`` (it adds e5-small's pruned copy to ``ENCODER_SCRIPTS``), placeholders kept; None for a script not
+    in ``GPU_SCRIPTS``."""
     words = shlex.split(command)
     if len(words) < 2 or words[0] != "{python}" or words[1] not in GPU_SCRIPTS:
         return None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import io
 import lzma
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -44,7 +45,10 @@ FILES = [*NER, "cws/sxu/train.txt", "cws/sxu/test.txt", "re/cmeie/train.jsonl", 
 WIKIANN = ["xner/wikiann/en/train", "xner/wikiann/en/dev", "xner/wikiann/de/train", "xner/wikiann/de/dev"]
 # What the campaign's scripts read (every pack under 64 MiB with the repository: e5-small pruned to all of FILES and
 # WIKIANN together is ~58 MiB).
-NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN}
+WIKI = "corpus/wiki.txt"  # packed as its first lines only: the students read its first --wiki-sentences sentences
+NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN,
+         "benchmarks/students.py": [*NER, "ner/cluener/test.json", "cws/sxu/train.txt", "cws/sxu/test.txt", WIKI]}
+WIKI_LINES = 10_000  # lines of WIKI packed: 26,000 sentences of 8-120 characters, 3.4 MB
 
 
 OUT = ROOT / ".gpu-pack"
@@ -59,9 +63,13 @@ def pack(files: list[str]) -> None:
     chars = set(CJK_CHARSET) if any(not name.startswith("xner/") for name in files) else set()
     for name in files:
         (out / "data" / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(DATA / name, out / "data" / name)
+        if name == WIKI:
+            with open(DATA / name, encoding="utf-8") as f:
+                (out / "data" / name).write_text("".join(next(f, "") for _ in range(WIKI_LINES)), encoding="utf-8")
+        else:
+            shutil.copyfile(DATA / name, out / "data" / name)
         if not name.startswith("xner/"):
-            chars |= set((DATA / name).read_text(encoding="utf-8"))
+            chars |= set((out / "data" / name).read_text(encoding="utf-8"))
     model, tokenizer = encoders.load("e5-small")
     tt = TextTokenizer(tokenizer, "char")
     keep = {tt.char_id(c) for c in chars} - {None}
@@ -96,6 +104,10 @@ def pack_campaign(prefixes: tuple[str, ...]) -> None:
         raise SystemExit(f"error: no row of {PLAN.name} under {' or '.join(prefixes)} that a GPU machine runs is left")
     commit = rows[0][1]
     same = [r for r in rows if r[1] == commit]
+    wiki = max((int(w[i + 1]) for *_, command in same for w in [shlex.split(command)]
+                for i in range(len(w) - 1) if w[i] == "--wiki-sentences"), default=0)
+    if wiki > 26_000:
+        raise SystemExit(f"error: a row reads {wiki} wiki sentences; device_pack.py packs 26,000 (raise WIKI_LINES)")
     pack(sorted({name for _, _, command in same for name in NEEDS[command.split()[0]]}))
     (OUT / "rows.txt").write_text("".join(f"{key} {command}\n" for key, _, command in same))
     tree = OUT / "tree"

@@ -35,6 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CARRY = Path(__file__).resolve().parents[1] / ".gpu-pack"
+# The scripts that take ``--encoder`` (e5-small's pruned copy); the others find that copy as zhie's e5-small, in the
+# ZHIE_CACHE that main() sets.
+ENCODER_SCRIPTS = ("benchmarks/ner.py", "benchmarks/mtmt.py", "benchmarks/multitask.py")
 
 
 def rows(path: Path) -> list[tuple[str, str]]:
@@ -43,18 +46,24 @@ def rows(path: Path) -> list[tuple[str, str]]:
 
 
 def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, list[tuple[str, str]]]]:
-    """The rows as chains that run side by side, each with the seconds it waits before it starts. Rows that write
-    into one directory outside ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's
-    pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's ablations reuse its seed's
-    teachers), and each further chain on that directory starts ``stagger`` seconds after the one before."""
+    """The rows as chains that run side by side, each with the seconds it waits before it starts. A row that reads
+    an earlier row's directory (``{runs}/KEY``: a student's teacher, the outputs it reuses) runs after it, in its
+    chain. Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the
+    data samples, MTMT's pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's
+    ablations reuse its seed's teachers), and each further chain on that directory starts ``stagger`` seconds after
+    the one before."""
     groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, seed)
+    group_of: dict[str, tuple[str, str, str]] = {}
     for key, command in rows_:
         words = shlex.split(command)
         out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
         shared = "" if out == "{run_dir}" else out
         seed = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--seed", "--seeds")), "")
         chained = shared and words[0] == "benchmarks/mtmt.py"
-        groups.setdefault((shared, shared if chained else key, seed if chained else ""), []).append((key, command))
+        read = [group_of[k] for k in group_of if "{runs}/" + k.replace("/", "__") + "/" in command]
+        group = read[-1] if read else (shared, shared if chained else key, seed if chained else "")
+        group_of[key] = group
+        groups.setdefault(group, []).append((key, command))
     started: dict[str, int] = {}
     timed = []
     for (shared, _, _), chain in groups.items():
@@ -81,7 +90,8 @@ def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, para
     start = time.time() - (float(cut.read_text()) if cut.exists() else 0.0)
     with (out / "log").open("a") as log:  # a resumed row adds to its log
         try:
-            rc = subprocess.run(["python3", *words, "--encoder", str(encoder)], cwd=CARRY / "tree", stdout=log,
+            extra = ["--encoder", str(encoder)] if words[0] in ENCODER_SCRIPTS else []
+            rc = subprocess.run(["python3", *words, *extra], cwd=CARRY / "tree", stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, "ZHIE_RESULTS": str(out / "results")},
                                 timeout=max(1.0, deadline - time.time())).returncode
         except subprocess.TimeoutExpired:  # no done.json: the next call runs it again
@@ -128,7 +138,11 @@ def main() -> None:
         with lzma.open(CARRY / "e5-small-pruned" / "model.safetensors.xz") as src, \
                 (encoder / "model.safetensors").open("wb") as dst:
             shutil.copyfileobj(src, dst)
-    os.environ.update(PYTHONPATH="src:benchmarks", ZHIE_DATA=str(CARRY / "data"), OMP_NUM_THREADS="1",
+    cache = args.runs / "cache"  # zhie's e5-small is the pruned copy (encoders/e5.py: a converted directory)
+    cache.mkdir(exist_ok=True)
+    if not (cache / "e5-small").exists():
+        (cache / "e5-small").symlink_to(encoder.resolve())
+    os.environ.update(PYTHONPATH="src:benchmarks", ZHIE_DATA=str(CARRY / "data"), OMP_NUM_THREADS="1", ZHIE_CACHE=str(cache),
                       PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", ZHIE_MACHINE_LOCK_HELD="1")
     if shutil.which("nvidia-cuda-mps-control"):  # one GPU shared by many processes
         subprocess.run(["nvidia-cuda-mps-control", "-d"], stderr=subprocess.DEVNULL, check=False)

@@ -212,6 +212,20 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
     assert json.loads((runs / "b__x__s1" / "done.json").read_text())["wall_s"] >= 3  # its seconds in both calls
 
 
+def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain():
+    """gpu_campaign.py's chains: a student that reads its teacher's row directory (``{runs}/KEY/``), and one that
+    reuses that student's outputs, run one after another behind the teacher; rows that read nothing run side by side;
+    a row whose key only begins like another's directory is not chained to it."""
+    gpu_campaign = _benchmark("gpu_campaign")
+    rows = [("s/pd/teacher/s1", "benchmarks/ner.py --out {run_dir}"),
+            ("s/pd/teacher/s10", "benchmarks/ner.py --out {run_dir}"),
+            ("s/pd/student/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best --out {run_dir}"),
+            ("s/pd/conv/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
+                             "--targets-from {runs}/s__pd__student__s1/student --out {run_dir}")]
+    chains = [[key for key, _ in chain] for _, chain in gpu_campaign.chains(rows, 20)]
+    assert sorted(chains) == [["s/pd/teacher/s1", "s/pd/student/s1", "s/pd/conv/s1"], ["s/pd/teacher/s10"]]
+
+
 def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path, monkeypatch):
     """report.py's MTMT table: a system is paired with direct transfer and TSL of its seed only when they came from
     one campaign row (the row trains the seed's teachers: another row of that seed distils other teachers)."""
