@@ -45,10 +45,25 @@ def rows(path: Path) -> list[tuple[str, str]]:
     return [tuple(line.split(" ", 1)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def reads(command: str, keys: list[str]) -> list[str]:
+    """The rows of ``keys`` whose directory ``command`` reads (``{runs}/KEY/``, ``/`` in KEY as ``__``)."""
+    return [k for k in keys if "{runs}/" + k.replace("/", "__") + "/" in command]
+
+
+def wait_for(keys: list[str], runs: Path, deadline: float) -> bool:
+    """Wait until the rows ``keys`` (run in other chains) are done; False if one failed or time ran out first."""
+    while time.time() < deadline:
+        done = [runs / k.replace("/", "__") / "done.json" for k in keys]
+        if all(d.exists() for d in done):
+            return all(json.loads(d.read_text())["rc"] == 0 for d in done)
+        time.sleep(min(5.0, max(0.0, deadline - time.time())))
+    return False
+
+
 def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, list[tuple[str, str]]]]:
     """The rows as chains that run side by side, each with the seconds it waits before it starts. A row that reads
     an earlier row's directory (``{runs}/KEY``: a student's teacher, the outputs it reuses) runs after it, in its
-    chain. Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the
+    chain, and waits for the others it reads, which run in other chains. Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the
     data samples, MTMT's pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's
     ablations reuse its seed's teachers), and each further chain on that directory starts ``stagger`` seconds after
     the one before."""
@@ -60,7 +75,7 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
         shared = "" if out == "{run_dir}" else out
         seed = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--seed", "--seeds")), "")
         chained = shared and words[0] == "benchmarks/mtmt.py"
-        read = [group_of[k] for k in group_of if "{runs}/" + k.replace("/", "__") + "/" in command]
+        read = [group_of[k] for k in reads(command, list(group_of))]
         group = read[-1] if read else (shared, shared if chained else key, seed if chained else "")
         group_of[key] = group
         groups.setdefault(group, []).append((key, command))
@@ -152,7 +167,10 @@ def main() -> None:
         delay, chain = timed
         time.sleep(min(delay, max(0.0, deadline - time.time())))
         for key, command in chain:
-            run_row(key, command, args.runs, encoder, commit, args.parallel, deadline, args.save_every)
+            if wait_for(reads(command, keys), args.runs, deadline):
+                run_row(key, command, args.runs, encoder, commit, args.parallel, deadline, args.save_every)
+
+    keys = [key for key, _ in rows(CARRY / "rows.txt")]
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(run_chain, chains(rows(CARRY / "rows.txt"), args.stagger)))

@@ -53,19 +53,22 @@ def wiki_sentences(n: int) -> list[str]:
 
 
 def teachers(args, train: Path, dev: Path) -> list[Path]:
-    """The teacher directories; with ``--train-teacher ARGS``, one that does not exist (a fresh machine keeps no model
-    of an earlier session) is trained first, with the teacher row's arguments (the same seed gives the same model on
-    the same machine), where the teacher row put it: a NER teacher by ``benchmarks/ner.py ARGS --out`` the directory
-    two levels above it (``RUN/cluener-gp/best`` -> ``RUN``); a CWS teacher by ``zhie train cws --train TRAIN --dev
-    DEV ARGS --out`` its parent (``RUN/best`` -> ``RUN``)."""
-    for teacher in map(Path, args.teacher):
-        if teacher.exists() or not args.train_teacher:
+    """The teacher directories; with ``--train-teacher ARGS`` (one per ``--teacher``, in its order), one that does
+    not exist (a fresh machine keeps no model of an earlier session) is trained first, with its teacher row's
+    arguments (the same seed gives the same model on the same machine), where the teacher row put it: a NER teacher
+    by ``benchmarks/ner.py ARGS --out`` the directory two levels above it (``RUN/cluener-gp/best`` -> ``RUN``); a CWS
+    teacher by ``zhie train cws --train TRAIN --dev DEV ARGS --out`` its parent (``RUN/best`` -> ``RUN``)."""
+    if args.train_teacher and len(args.train_teacher) != len(args.teacher):
+        raise SystemExit(f"error: {len(args.teacher)} --teacher and {len(args.train_teacher)} --train-teacher: give "
+                         "one --train-teacher per --teacher, in the same order, or none")
+    for teacher, train_args in zip(map(Path, args.teacher), args.train_teacher or [None] * len(args.teacher)):
+        if teacher.exists() or train_args is None:
             continue
         if args.dataset in CWS:
             command = [sys.executable, "-m", "zhie", "train", "cws", "--train", str(train), "--dev", str(dev),
-                       *shlex.split(args.train_teacher), "--out", str(teacher.parent)]
+                       *shlex.split(train_args), "--out", str(teacher.parent)]
         else:
-            command = [sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(args.train_teacher),
+            command = [sys.executable, str(Path(__file__).with_name("ner.py")), *shlex.split(train_args),
                        "--out", str(teacher.parents[1])]
         subprocess.run(command, check=True)
     return [Path(t) for t in args.teacher]
@@ -113,10 +116,10 @@ def run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", action="append", required=True, help="teacher model directory; repeat: ensemble")
-    p.add_argument("--train-teacher", default=None, metavar="ARGS",
+    p.add_argument("--train-teacher", action="append", default=None, metavar="ARGS",
                    help="the arguments that train a --teacher that does not exist: benchmarks/ner.py's (into the "
                         "directory two levels above it: RUN/cluener-gp/best is trained with --out RUN), or for a CWS "
-                        "set zhie train cws's besides --train, --dev and --out (RUN/best: --out RUN)")
+                        "set zhie train cws's besides --train, --dev and --out (RUN/best: --out RUN); one per --teacher")
     p.add_argument("--dataset", default="cluener", choices=[*DATASETS, *CWS])
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")

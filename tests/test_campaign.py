@@ -212,7 +212,7 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
     assert json.loads((runs / "b__x__s1" / "done.json").read_text())["wall_s"] >= 3  # its seconds in both calls
 
 
-def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain():
+def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(tmp_path):
     """gpu_campaign.py's chains: a student that reads its teacher's row directory (``{runs}/KEY/``), and one that
     reuses that student's outputs, run one after another behind the teacher; rows that read nothing run side by side;
     a row whose key only begins like another's directory is not chained to it."""
@@ -222,8 +222,21 @@ def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(
             ("s/pd/student/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best --out {run_dir}"),
             ("s/pd/conv/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
                              "--targets-from {runs}/s__pd__student__s1/student --out {run_dir}")]
+    rows.append(("s/pd/ensemble/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
+                                     "--teacher {runs}/s__pd__teacher__s10/pd-gp/best --out {run_dir}"))
     chains = [[key for key, _ in chain] for _, chain in gpu_campaign.chains(rows, 20)]
-    assert sorted(chains) == [["s/pd/teacher/s1", "s/pd/student/s1", "s/pd/conv/s1"], ["s/pd/teacher/s10"]]
+    assert sorted(chains) == [["s/pd/teacher/s1", "s/pd/student/s1", "s/pd/conv/s1"],
+                              ["s/pd/teacher/s10", "s/pd/ensemble/s1"]]
+    # ... and before it starts, it waits for the rows of other chains that it reads: none failed, none cut
+    keys = [key for key, _ in rows]
+    assert gpu_campaign.reads(rows[-1][1], keys) == ["s/pd/teacher/s1", "s/pd/teacher/s10"]
+    for rc, expected in ((0, True), (1, False)):
+        for key in ("s/pd/teacher/s1", "s/pd/teacher/s10"):
+            (tmp_path / key.replace("/", "__")).mkdir(exist_ok=True)
+            (tmp_path / key.replace("/", "__") / "done.json").write_text(json.dumps({"rc": rc if "s10" in key else 0}))
+        assert gpu_campaign.wait_for(gpu_campaign.reads(rows[-1][1], keys), tmp_path, time.time() + 1) is expected
+    (tmp_path / "s__pd__teacher__s10" / "done.json").unlink()  # still running when time runs out
+    assert gpu_campaign.wait_for(["s/pd/teacher/s10"], tmp_path, time.time() + 0.5) is False
 
 
 def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path, monkeypatch):
