@@ -131,7 +131,7 @@ def collect(runs: Path, out: Path) -> None:
         for path in sorted(runs.rglob("*")):  # logs, metrics, results: no weights, no model directories
             parts = path.relative_to(runs).parts
             if path.is_file() and path.suffix in (".json", ".jsonl", ".log", ".txt", ".toml", ".png", "") \
-                    and not {"best", "last", "e5-small-pruned", "encoder"} & set(parts):
+                    and not {"best", "last", "e5-small-pruned", "encoder", "cache"} & set(parts):
                 tar.add(path, arcname="/".join(parts))
 
 
