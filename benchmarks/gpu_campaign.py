@@ -169,6 +169,11 @@ def main() -> None:
         for key, command in chain:
             if wait_for(reads(command, keys), args.runs, deadline):
                 run_row(key, command, args.runs, encoder, commit, args.parallel, deadline, args.save_every)
+            elif time.time() < deadline:  # a row it reads failed: so does this one, and the rows that read it
+                done = args.runs / key.replace("/", "__") / "done.json"
+                done.parent.mkdir(parents=True, exist_ok=True)
+                done.write_text(json.dumps({"key": key, "commit": commit, "rc": -1, "wall_s": 0, "command": command,
+                                            "skipped": "a row it reads failed"}))
 
     keys = [key for key, _ in rows(CARRY / "rows.txt")]
 
