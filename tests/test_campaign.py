@@ -239,6 +239,27 @@ def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(
     assert gpu_campaign.wait_for(["s/pd/teacher/s10"], tmp_path, time.time() + 0.5) is False
 
 
+def test_gpu_rows_after_a_failed_row_they_read_are_marked_failed_at_once(tmp_path, monkeypatch):
+    """gpu_campaign.py: a student whose teacher row failed does not run, nor wait for the time limit, and a row that
+    reads that student is marked failed too; a Python without a module zhie's training needs is named before any row
+    starts."""
+    gpu_campaign = _benchmark("gpu_campaign")
+    (tmp_path / "carry" / "tree").mkdir(parents=True)
+    (tmp_path / "carry" / "tree" / "fail.py").write_text("raise SystemExit(1)\n")
+    monkeypatch.setattr(gpu_campaign, "CARRY", tmp_path / "carry")
+    monkeypatch.setenv("ZHIE_DATA", str(tmp_path))
+    rows = [("s/t/s1", "fail.py --out {run_dir}"), ("s/a/s1", "fail.py --teacher {runs}/s__t__s1/best --out {run_dir}"),
+            ("s/b/s1", "fail.py --targets-from {runs}/s__a__s1/student --out {run_dir}")]
+    (delay, chain), = gpu_campaign.chains(rows, 20)
+    start = time.time()
+    gpu_campaign.run_chain(delay, chain, [k for k, _ in rows], tmp_path / "runs", tmp_path / "enc", "c" * 40, 1,
+                           start + 60, None)
+    assert time.time() - start < 30
+    done = {k: json.loads((tmp_path / "runs" / k.replace("/", "__") / "done.json").read_text()) for k, _ in rows}
+    assert [done[k]["rc"] for k, _ in rows] == [1, -1, -1] and "skipped" not in done["s/t/s1"]
+    assert gpu_campaign.missing_modules(["json", "zhie_no_such_module"]) == ["zhie_no_such_module"]
+
+
 def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path, monkeypatch):
     """report.py's MTMT table: a system is paired with direct transfer and TSL of its seed only when they came from
     one campaign row (the row trains the seed's teachers: another row of that seed distils other teachers)."""
