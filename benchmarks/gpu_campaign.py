@@ -66,10 +66,10 @@ def wait_for(keys: list[str], runs: Path, deadline: float) -> bool:
 def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, list[tuple[str, str]]]]:
     """The rows as chains that run side by side, each with the seconds it waits before it starts. A row that reads
     an earlier row's directory (``{runs}/KEY``: a student's teacher, the outputs it reuses) runs after it, in its
-    chain, and waits for the others it reads, which run in other chains. Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the
-    data samples, MTMT's pruned encoder; each rewrites the samples): those of one seed form one chain (MTMT's
-    ablations reuse its seed's teachers), and each further chain on that directory starts ``stagger`` seconds after
-    the one before."""
+    chain, and waits for the others it reads, which run in other chains. Rows that write into one directory outside
+    ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's pruned encoder; each rewrites
+    the samples): those of one seed form one chain (MTMT's ablations reuse its seed's teachers), and each further
+    chain on that directory starts ``stagger`` seconds after the one before."""
     groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, seed)
     group_of: dict[str, tuple[str, str, str]] = {}
     for key, command in rows_:
@@ -184,8 +184,9 @@ def main() -> None:
     cache.mkdir(exist_ok=True)
     if not (cache / "e5-small").exists():
         (cache / "e5-small").symlink_to(encoder.resolve())
-    os.environ.update(PYTHONPATH="src:benchmarks", ZHIE_DATA=str(CARRY / "data"), OMP_NUM_THREADS="1", ZHIE_CACHE=str(cache),
-                      PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false", ZHIE_MACHINE_LOCK_HELD="1")
+    os.environ.update(PYTHONPATH="src:benchmarks", ZHIE_DATA=str(CARRY / "data"), OMP_NUM_THREADS="1",
+                      ZHIE_CACHE=str(cache), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+                      ZHIE_MACHINE_LOCK_HELD="1")
     if shutil.which("nvidia-cuda-mps-control"):  # one GPU shared by many processes
         subprocess.run(["nvidia-cuda-mps-control", "-d"], stderr=subprocess.DEVNULL, check=False)
     commit = (CARRY / "tree" / "COMMIT").read_text().strip()

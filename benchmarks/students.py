@@ -119,7 +119,8 @@ def main() -> None:
     p.add_argument("--train-teacher", action="append", default=None, metavar="ARGS",
                    help="the arguments that train a --teacher that does not exist: benchmarks/ner.py's (into the "
                         "directory two levels above it: RUN/cluener-gp/best is trained with --out RUN), or for a CWS "
-                        "set zhie train cws's besides --train, --dev and --out (RUN/best: --out RUN); one per --teacher")
+                        "set zhie train cws's besides --train, --dev and --out (RUN/best: --out RUN); one per "
+                        "--teacher")
     p.add_argument("--dataset", default="cluener", choices=[*DATASETS, *CWS])
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")

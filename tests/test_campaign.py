@@ -219,7 +219,8 @@ def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(
     gpu_campaign = _benchmark("gpu_campaign")
     rows = [("s/pd/teacher/s1", "benchmarks/ner.py --out {run_dir}"),
             ("s/pd/teacher/s10", "benchmarks/ner.py --out {run_dir}"),
-            ("s/pd/student/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best --out {run_dir}"),
+            ("s/pd/student/s1",
+             "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best --out {run_dir}"),
             ("s/pd/conv/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
                              "--targets-from {runs}/s__pd__student__s1/student --out {run_dir}")]
     rows.append(("s/pd/ensemble/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
