@@ -49,7 +49,8 @@ WIKIANN = ["xner/wikiann/en/train", "xner/wikiann/en/dev", "xner/wikiann/de/trai
 # WIKIANN together is ~58 MiB).
 WIKI = "corpus/wiki.txt"  # packed as its first lines only: the students read its first --wiki-sentences sentences
 NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN,
-         "benchmarks/students.py": [*NER, "ner/cluener/test.json", "cws/sxu/train.txt", "cws/sxu/test.txt", WIKI]}
+         "benchmarks/students.py": [*NER, "ner/cluener/test.json", "cws/sxu/train.txt", "cws/sxu/test.txt", WIKI,
+                                    "corpus/medical.txt"]}
 WIKI_LINES = 10_000  # lines of WIKI packed: 26,000 sentences of 8-120 characters, 3.4 MB
 
 

@@ -8,8 +8,9 @@ training time (speed is measured apart, on a quiet machine, through ``zhie predi
 Datasets: those of ``benchmarks/ner.py`` (People's Daily: its fixed 80/20 split), and SXU word segmentation (its
 train and test files; the teacher is a ``zhie train cws`` model). The unlabelled text the teacher
 labels: the dataset's unlabelled test texts (CLUENER; the others have none), and with ``--wiki-sentences N`` the
-first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set),
-written to ``OUT/unlabelled.txt``. Each run appends one JSON line to ``benchmarks/results/students.jsonl``.
+first N sentences of ``corpus/wiki.txt`` (lines cut after 。！？, 8–120 characters; not in the dev set), with
+``--medical-sentences N`` those of ``corpus/medical.txt`` (in-domain text for CMeEE), written to
+``OUT/unlabelled.txt``. Each run appends one JSON line to ``benchmarks/results/students.jsonl``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def files(dataset: str, out: Path) -> tuple[Path, Path]:
     return (DATA / CWS[dataset][0], DATA / CWS[dataset][1]) if dataset in CWS else dataset_files(dataset, out)
 
 
-def wiki_sentences(n: int) -> list[str]:
-    """The first ``n`` sentences of 8–120 characters of the wiki corpus (its lines cut after 。！？)."""
+def corpus_sentences(name: str, n: int) -> list[str]:
+    """The first ``n`` sentences of 8–120 characters of ``corpus/NAME.txt`` (its lines cut after 。！？)."""
     out: list[str] = []
-    with open(DATA / "corpus/wiki.txt", encoding="utf-8") as f:
+    with open(DATA / f"corpus/{name}.txt", encoding="utf-8") as f:
         for line in f:
             out += [s.strip() for s in re.split(r"(?<=[。！？])", line) if 8 <= len(s.strip()) <= 120]
             if len(out) >= n:
@@ -81,9 +82,11 @@ def run(args) -> dict:
     teacher_dirs = teachers(args, train, dev)
     unlabelled = out / "unlabelled.txt"
     own = read_texts(DATA / UNLABELLED[args.dataset]) if args.dataset in UNLABELLED else []
-    texts = own + (wiki_sentences(args.wiki_sentences) if args.wiki_sentences else [])
+    texts = own + [t for name in ("wiki", "medical") if getattr(args, f"{name}_sentences")
+                   for t in corpus_sentences(name, getattr(args, f"{name}_sentences"))]
     if not texts:
-        raise SystemExit(f"{args.dataset} has no unlabelled texts of its own: give --wiki-sentences N")
+        raise SystemExit(f"{args.dataset} has no unlabelled texts of its own: give --wiki-sentences N or "
+                         "--medical-sentences N")
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every)
@@ -102,7 +105,8 @@ def run(args) -> dict:
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
             "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
-            "wiki_sentences": args.wiki_sentences, "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
+            "wiki_sentences": args.wiki_sentences, "medical_sentences": args.medical_sentences,
+            "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "hidden_weight": args.hidden_weight,
             "temperature": args.temperature, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "head_lr": args.head_lr, "seed": args.seed, "dev_f1": result["best"].get("f1"),
@@ -130,7 +134,9 @@ def main() -> None:
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--bigrams", type=int, default=0, help="--student conv: rows of the hashed bigram table")
     p.add_argument("--head", default=None, help="--student conv: egp for a gp teacher (default: the teacher's)")
-    p.add_argument("--wiki-sentences", type=int, default=0)
+    p.add_argument("--wiki-sentences", type=int, default=0, help="the first N sentences of corpus/wiki.txt")
+    p.add_argument("--medical-sentences", type=int, default=0,
+                   help="the first N sentences of corpus/medical.txt (patients' questions, doctors' answers)")
     p.add_argument("--targets-from", default=None, help="an earlier run's student directory: reuse its teacher outputs")
     p.add_argument("--hard-weight", type=float, default=0.5)
     p.add_argument("--temperature", type=float, default=1.0)
