@@ -317,9 +317,10 @@ def students_table(section: str = "s/") -> str:
                 r = {**r, "unlabelled_texts": 0}
             body.append([line["key"], kind, f"{r['unlabelled_texts']:,}",
                          f"**{pct(r['dev_f1'])}** ({per_epoch(r['f1_per_epoch'])})",
-                         ", ".join(f"{x:.0f}" for x in steps) if steps else "–", f"{r['train_tokens_per_s']:.0f}"])
-    return table(["row", "student", "unlabelled texts", "dev F1 (per epoch)", "s per epoch", "train tok/s"], body,
-                 right="25")
+                         ", ".join(f"{x:.0f}" for x in steps) if steps else "–", f"{r['train_tokens_per_s']:.0f}",
+                         line.get("device") or "2-core CPU"])
+    return table(["row", "student", "unlabelled texts", "dev F1 (per epoch)", "s per epoch", "train tok/s", "ran on"],
+                 body, right="25")
 
 
 def tradeoff_table() -> str:
