@@ -310,7 +310,8 @@ def students_table(section: str = "s/") -> str:
                 kind = (f"{r['layers']} layers ({r['keep_layers']})" + (f", feed-forward {r['ffn_width']}"
                                                                         if r.get("ffn_width") else "")
                         if r["student"] == "cut" else
-                        f"conv {r['layers']} x {r['width']}" + (f", {r['head']}" if r.get("head") else ""))
+                        (f"{r['student']} {r['layers']} x {r['width']}" if r.get("width") else
+                         f"{r['student']}, {r['layers']} layers") + (f", {r['head']}" if r.get("head") else ""))
                 steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
             else:  # the teacher's row (benchmarks/ner.py)
                 kind, steps = f"teacher, 12 layers, {r['head']}", None

@@ -4,6 +4,7 @@ training time (speed is measured apart, on a quiet machine, through ``zhie predi
     python benchmarks/students.py --teacher runs/cluener-gp/best --dataset cluener --layers 4 --out runs/students
     python benchmarks/students.py --teacher T --dataset cluener --layers 4 --wiki-sentences 20000 --out runs/students
     python benchmarks/students.py --teacher T --student conv --width 256 --layers 4 --epochs 6 --out runs/conv
+    python benchmarks/students.py --teacher T --student narrow --width 256 --layers 4 --epochs 6 --out runs/narrow
 
 Datasets: those of ``benchmarks/ner.py`` (People's Daily: its fixed 80/20 split), and SXU word segmentation (its
 train and test files; the teacher is a ``zhie train cws`` model). The unlabelled text the teacher
@@ -31,7 +32,7 @@ from zhie.data.base import read_texts
 from zhie.training import TrainConfig
 from zhie.training.distill import dilation_list
 from zhie.training.report import read_metrics
-from zhie.training.students import distill_student
+from zhie.training.students import STUDENTS, distill_student
 
 UNLABELLED = {"cluener": "ner/cluener/test.json"}  # a set's own unlabelled texts (the others: --wiki-sentences)
 CWS = {"sxu": ("cws/sxu/train.txt", "cws/sxu/test.txt")}  # word segmentation sets: (train, dev)
@@ -103,7 +104,7 @@ def run(args) -> dict:
     return {"dataset": args.dataset, "teachers": [str(t) for t in teacher_dirs], "student": args.student,
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
-            "width": args.width if args.student == "conv" else None, "ffn_width": args.ffn_width,
+            "width": args.width if args.student in ("conv", "narrow") else None, "ffn_width": args.ffn_width,
             "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
             "wiki_sentences": args.wiki_sentences, "medical_sentences": args.medical_sentences,
             "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
@@ -128,8 +129,8 @@ def main() -> None:
     p.add_argument("--dataset", default="cluener", choices=[*DATASETS, *CWS])
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--keep-layers", default="spread")
-    p.add_argument("--student", default="cut", choices=["cut", "conv", "fresh"])
-    p.add_argument("--width", type=int, default=256, help="--student conv: channels per block")
+    p.add_argument("--student", default="cut", choices=list(STUDENTS))
+    p.add_argument("--width", type=int, default=256, help="--student conv: channels per block; narrow: hidden size")
     p.add_argument("--ffn-width", type=int, default=None, help="--student cut: feed-forward neurons kept per layer")
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--bigrams", type=int, default=0, help="--student conv: rows of the hashed bigram table")

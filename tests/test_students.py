@@ -299,6 +299,41 @@ def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, 
     assert all(abs(a.score - b.score) < 1e-4 for r, q in zip(onnx, torch_rows) for a, b in zip(r, q))
 
 
+def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports(ner_files, tmp_path):
+    """``--student narrow``: its embeddings' outputs are the teacher's at the start (copied, then projected to its own
+    width); trained, it agrees with the teacher and its export predicts what it predicts; a width that is not a
+    multiple of 64 and a teacher without BERT's embeddings are refused."""
+    from zhie.deploy.export import export
+    from zhie.encoders.conv import conv_student
+    from zhie.training.students import narrow_student
+
+    teacher = trained("ner-gp")
+    encoder = zhie.load(teacher).model.encoder.eval()
+    narrow = narrow_student(encoder, 64, 2, seed=0).eval()
+    assert (narrow.config.model_type, narrow.config.hidden_size, narrow.config.num_hidden_layers) == ("albert", 64, 2)
+    ids = torch.tensor([[0, 5, 9, 14, 2]])
+    with torch.no_grad():
+        assert torch.equal(narrow.embeddings(ids), encoder.embeddings(ids))
+    with pytest.raises(ValueError, match="multiple of 64"):
+        narrow_student(encoder, 96, 2, seed=0)
+    with pytest.raises(ValueError, match="use --student conv"):
+        narrow_student(conv_student(encoder, hidden_size=32, layers=1), 64, 2, seed=0)
+
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
+                    unlabelled=[ner_files / "unlabelled.txt"], student="narrow", encoder_layers=2, width=64,
+                    head="egp", config=_config(8), progress=False)
+    student = zhie.load(tmp_path / "s" / "best")
+    assert student.model.encoder.config.hidden_size == 64 and student.task.config.head == "egp"
+    recipe = json.loads((tmp_path / "s" / "best" / "training.json").read_text())["options"]["distilled_from"]
+    assert (recipe["student"], recipe["layers"], recipe["width"]) == ("narrow", 2, 64)
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(zhie.load(teacher), student, texts) >= 0.9
+    export(tmp_path / "s" / "best", tmp_path / "onnx")
+    onnx, torch_rows = zhie.load(tmp_path / "onnx").predict(texts), student.predict(texts)
+    assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
+        [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
+
+
 def test_a_student_head_must_give_the_teachers_output_type_and_a_cut_keeps_its_head(ner_files, tmp_path):
     teacher = trained("ner-gp")
     for student, head, message in (("conv", "crf", "same output type"), ("cut", "egp", "keeps the teacher's gp")):

@@ -42,6 +42,7 @@ from .checkpoint import claims_out
 from .config import TrainConfig
 from .loop import train
 from .record import finish, run_record, saver, write_summary
+from .students import STUDENTS
 
 __all__ = ["add_command", "cmd_distill", "distill"]
 
@@ -227,12 +228,14 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
     same.add_argument("--keep-layers", default="first",
                       help="which teacher layers the student keeps: first (the first --encoder-layers), spread "
                            "(evenly spaced, ending with the last) or indices such as 2,5,8,11")
-    same.add_argument("--student", default="cut", choices=["cut", "conv", "fresh"],
+    same.add_argument("--student", default="cut", choices=list(STUDENTS),
                       help="cut: the teacher with fewer layers (--keep-layers); conv: a convolutional encoder of "
                            "--encoder-layers blocks (default 4) of --width channels over the teacher's embeddings; "
-                           "fresh: the teacher's architecture started again from the encoder it was fine-tuned from "
-                           "(born-again distillation)")
-    same.add_argument("--width", type=int, default=256, help="--student conv: channels of each block")
+                           "narrow: a transformer of --encoder-layers layers (default 4) of --width over the "
+                           "teacher's embeddings; fresh: the teacher's architecture started again from the encoder it "
+                           "was fine-tuned from (born-again distillation)")
+    same.add_argument("--width", type=int, default=256,
+                      help="--student conv: channels of each block; narrow: hidden size (a multiple of 64)")
     same.add_argument("--dilations", type=dilation_list, default=None, metavar="D,D,...",
                       help="--student conv: the blocks' dilations, cycled (default 1,2,4,1: each token sees 17 "
                            "characters after 4 blocks; 1,2,4,8 sees 31 at the same cost)")

@@ -6,8 +6,9 @@ The recipe (TextBrewer's and PaddleNLP's lesson: soft targets from the teacher o
    averaged).
 2. The student: the teacher's encoder cut to the layers ``keep_layers`` (:func:`student_layers`: the first N, or N
    spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads; or
-   a convolutional encoder over the teacher's embeddings; or the teacher's architecture started again from the
-   encoder it was fine-tuned from (``fresh``, born-again distillation: :func:`fresh_encoder`). Always the same task,
+   a convolutional encoder over the teacher's embeddings; or a narrower transformer over them (``narrow``:
+   :func:`narrow_student`); or the teacher's architecture started again from the encoder it was fine-tuned from
+   (``fresh``, born-again distillation: :func:`fresh_encoder`). Always the same task,
    labels, tokenizer and limits, so ``predict``/``eval``/``serve``/``export`` take it as they are.
 3. The items: the task's training items of the labelled ``train`` file, and of unlabelled texts labelled by the
    teacher's predictions (texts that are also in ``dev`` are left out) (:meth:`~zhie.tasks.base.Task.distill_items`).
@@ -58,7 +59,7 @@ __all__ = ["DistillObjective", "distill_student", "student_layers"]
 logger = logging.getLogger(__name__)
 
 TARGETS = Path("teacher") / "targets.pt"
-STUDENTS = ("cut", "conv", "fresh")
+STUDENTS = ("cut", "conv", "narrow", "fresh")
 
 
 def student_layers(keep: str, layers: int | None, total: int) -> list[int]:
@@ -234,7 +235,9 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
     embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
     :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with a table of character bigrams hashed into ``bigrams`` rows if
-    given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head`` (:func:`other_head`) if given.
+    given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head`` (:func:`other_head`) if given;
+    ``"narrow"`` is a transformer of ``encoder_layers`` layers (default 4) of ``width`` over the teacher's embeddings
+    (:func:`narrow_student`), with ``head`` if given.
 
     ``hidden_weight`` (0: off) adds the hidden-state loss (:class:`DistillObjective`) against the teacher's last hidden
     states, computed once by a pass of the teacher's encoder and stored with its outputs (one teacher only: the
@@ -300,7 +303,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
               **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
                   "residual": STUDENT_RESIDUAL, **({"bigrams": bigrams} if bigrams else {})}
-                 if student == "conv" else {"origin": origin}),
+                 if student == "conv" else {"layers": encoder_layers or 4, "width": width}
+                 if student == "narrow" else {"origin": origin}),
               "hard_weight": hard, "temperature": temperature,
               **({"hidden_weight": hidden_weight} if hidden_weight else {}), "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
@@ -390,6 +394,7 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
     and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and
     ``dilations``, with ``bigrams`` rows of hashed bigrams (:func:`zhie.encoders.conv.conv_student`: the teacher's
     embedding table, the rest initialised from ``seed``) with
+    the task's fresh heads of that width; ``"narrow"``, :func:`narrow_student` of ``blocks`` layers of ``width`` with
     the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
     (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
     if kind == "cut":
@@ -403,11 +408,46 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
 
             encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations,
                                    bigram_buckets=bigrams, seed=seed)
+        elif kind == "narrow":
+            encoder = narrow_student(teacher.encoder, width, blocks, seed)
         else:
             encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
         with seeded(seed):
             model = Model(encoder, task.build_heads(encoder.config.hidden_size))
     return model.cpu().train()
+
+
+def narrow_student(teacher_encoder: nn.Module, width: int, layers: int, seed: int) -> nn.Module:
+    """A transformer narrower than the teacher over the teacher's own embeddings: ALBERT's layout with nothing shared
+    (``num_hidden_groups`` = ``layers``), whose embeddings (words, positions, token types and their LayerNorm, of the
+    teacher's width) are copies of the teacher's, so that its first activations are the teacher's, followed by a learnt
+    projection to ``width`` and ``layers`` transformer layers of ``width`` (heads of 64, feed-forward 4 × ``width``,
+    the teacher's activation), initialised from ``seed``. Only BERT-like teachers have such embeddings (e5-small and
+    ``tiny``); others are refused."""
+    from transformers import AlbertConfig
+
+    teacher = teacher_encoder.config
+    emb = getattr(teacher_encoder, "embeddings", None)
+    needed = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+    if emb is None or not all(hasattr(emb, name) for name in needed) or teacher.model_type != "bert":
+        raise ValueError(f"--student narrow copies a BERT-like teacher's embeddings (words, positions, token types); "
+                         f"this teacher's encoder is {teacher.model_type!r}: use --student conv")
+    if width % 64 or width <= 0:
+        raise ValueError(f"--width {width}: a narrow student's width is a multiple of 64 (its attention heads are 64 "
+                         "wide)")
+    config = AlbertConfig(vocab_size=teacher.vocab_size, embedding_size=teacher.hidden_size, hidden_size=width,
+                          num_hidden_layers=layers, num_hidden_groups=layers, num_attention_heads=width // 64,
+                          intermediate_size=4 * width, inner_group_num=1, hidden_act=teacher.hidden_act,
+                          hidden_dropout_prob=teacher.hidden_dropout_prob,
+                          attention_probs_dropout_prob=teacher.attention_probs_dropout_prob,
+                          max_position_embeddings=teacher.max_position_embeddings,
+                          type_vocab_size=teacher.type_vocab_size, layer_norm_eps=teacher.layer_norm_eps,
+                          pad_token_id=teacher.pad_token_id)
+    student = encoders.build(config, seed=seed)
+    with torch.no_grad():
+        for name in needed:
+            getattr(student.embeddings, name).load_state_dict(getattr(emb, name).state_dict())
+    return student
 
 
 def teacher_origin(directory: Path) -> str:
