@@ -145,7 +145,8 @@ def test_the_session_keeps_the_residual_add_and_its_layer_norm_apart(exported, t
     assert "SkipLayerNormalization" in ops["default"]  # the rewrite happens without the option: the test can see it
     assert "SkipLayerNormalization" not in ops["zhie"] and "LayerNormalization" in ops["zhie"]
     feeds = {k: v.numpy() for k, v in check_inputs(zhie.load(out).task, TEXTS[1:]).items()}
-    assert max(float(np.abs(a - b).max()) for a, b in zip(default.run(None, feeds), ours.run(None, feeds))) < 1e-5
+    for a, b in zip(default.run(None, feeds), ours.run(None, feeds)):  # float32 rounding of the fused kernel
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-5)  # (logits near 20 differ in their ~6th digit)
 
 
 @pytest.mark.parametrize("exported", ["ner-crf"], indirect=True)
