@@ -170,6 +170,18 @@ def _agreement(teacher, student, texts) -> float:
     return sum(len(a & b) for a, b in zip(t, s)) / max(1, sum(len(a) for a in t))
 
 
+def _exported_spans_agree(tmp_path, student, texts):
+    """Export the student in ``tmp_path/s/best``, check that the export predicts the student's spans, and return both
+    predictions (export first)."""
+    from zhie.deploy.export import export
+
+    export(tmp_path / "s" / "best", tmp_path / "onnx")
+    onnx, torch_rows = zhie.load(tmp_path / "onnx").predict(texts), student.predict(texts)
+    assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
+        [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
+    return onnx, torch_rows
+
+
 @pytest.fixture(scope="module")
 def ner_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("distill-data")
@@ -282,7 +294,6 @@ def test_a_student_with_narrower_feed_forward_blocks_agrees_saves_and_resumes(ne
 
 @pytest.mark.parametrize("head", ["gp", "egp"])
 def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, tmp_path, head):
-    from zhie.deploy.export import export
 
     teacher = trained("ner-gp")
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
@@ -292,10 +303,7 @@ def test_a_convolutional_student_agrees_with_its_teacher_and_exports(ner_files, 
     assert student.model.encoder.config.model_type == "zhie_conv" and student.task.config.head == head
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
-    export(tmp_path / "s" / "best", tmp_path / "onnx")
-    onnx, torch_rows = zhie.load(tmp_path / "onnx").predict(texts), student.predict(texts)
-    assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
-        [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
+    onnx, torch_rows = _exported_spans_agree(tmp_path, student, texts)
     assert all(abs(a.score - b.score) < 1e-4 for r, q in zip(onnx, torch_rows) for a, b in zip(r, q))
 
 
@@ -303,7 +311,6 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     """``--student narrow``: its embeddings' outputs are the teacher's at the start (copied, then projected to its own
     width); trained, it agrees with the teacher and its export predicts what it predicts; a width that is not a
     multiple of 64 and a teacher without BERT's embeddings are refused."""
-    from zhie.deploy.export import export
     from zhie.encoders.conv import conv_student
     from zhie.training.students import narrow_student
 
@@ -328,10 +335,7 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     assert (recipe["student"], recipe["layers"], recipe["width"]) == ("narrow", 2, 64)
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
-    export(tmp_path / "s" / "best", tmp_path / "onnx")
-    onnx, torch_rows = zhie.load(tmp_path / "onnx").predict(texts), student.predict(texts)
-    assert [[(x.start, x.end, x.label) for x in row] for row in onnx] == \
-        [[(x.start, x.end, x.label) for x in row] for row in torch_rows]
+    _exported_spans_agree(tmp_path, student, texts)
 
 
 def test_a_student_head_must_give_the_teachers_output_type_and_a_cut_keeps_its_head(ner_files, tmp_path):
