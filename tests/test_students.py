@@ -326,6 +326,11 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     with pytest.raises(ValueError, match="use --student conv"):
         narrow_student(conv_student(encoder, hidden_size=32, layers=1), 64, 2, seed=0)
 
+    with pytest.raises(ValueError, match="multiple of 64"):  # refused before the teacher runs
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "w", student="narrow", width=96,
+                        config=_config(1), progress=False)
+    assert not (tmp_path / "w" / students.TARGETS).exists()
+
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
                     unlabelled=[ner_files / "unlabelled.txt"], student="narrow", encoder_layers=2, width=64,
                     head="egp", config=_config(8), progress=False)
@@ -333,6 +338,49 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     assert student.model.encoder.config.hidden_size == 64 and student.task.config.head == "egp"
     recipe = json.loads((tmp_path / "s" / "best" / "training.json").read_text())["options"]["distilled_from"]
     assert (recipe["student"], recipe["layers"], recipe["width"]) == ("narrow", 2, 64)
+    texts = [ex.text for ex in nested_corpus(40, seed=9)]
+    assert _agreement(zhie.load(teacher), student, texts) >= 0.9
+    _exported_spans_agree(tmp_path, student, texts)
+
+
+def test_a_bigram_table_of_zeros_keeps_the_bert_and_padding_never_changes_a_row():
+    """:func:`zhie.encoders.bigram.with_bigrams`: the BERT's function exactly while the table is zeros; with a table
+    that has learnt, each token's row changes its output, and a right-padded row's outputs are the row's alone; it
+    saves and loads as zhie's ``zhie_bigram_bert``; other encoders are refused."""
+    from zhie.encoders.bigram import with_bigrams
+    from zhie.encoders.conv import conv_student
+
+    encoder = zhie.load(trained("ner-gp")).model.encoder.eval()
+    table = with_bigrams(encoder, 97).eval()
+    ids = torch.tensor([[2, 5, 9, 14, 3, 0, 0], [2, 7, 8, 6, 11, 12, 3]])
+    mask = (torch.arange(7) < torch.tensor([[5], [7]])).long()
+    with torch.no_grad():
+        before = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.testing.assert_close(table(input_ids=ids, attention_mask=mask).last_hidden_state, before, rtol=0, atol=0)
+        table.bigram_embeddings.weight.normal_(std=0.5)
+        after = table(input_ids=ids, attention_mask=mask).last_hidden_state
+        alone = table(input_ids=ids[:1, :5], attention_mask=mask[:1, :5]).last_hidden_state
+    assert (after - before)[mask.bool()].abs().amax(-1).min() > 1e-3
+    torch.testing.assert_close(after[:1, :5], alone, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="use --student conv --bigrams"):
+        with_bigrams(conv_student(encoder, hidden_size=32, layers=1), 97)
+
+
+def test_a_cut_student_with_bigrams_learns_saves_and_exports(ner_files, tmp_path):
+    teacher = trained("ner-gp")
+    with pytest.raises(ValueError, match="--bigrams -3"):  # refused before the teacher runs
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "n", encoder_layers=1, bigrams=-3,
+                        config=_config(1), progress=False)
+    assert not (tmp_path / "n" / students.TARGETS).exists()
+    distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
+                    unlabelled=[ner_files / "unlabelled.txt"], encoder_layers=1, keep_layers="spread", bigrams=97,
+                    config=_config(6), progress=False)
+    student = zhie.load(tmp_path / "s" / "best")
+    config = student.model.encoder.config
+    assert (config.model_type, config.bigram_buckets, config.num_hidden_layers) == ("zhie_bigram_bert", 97, 1)
+    assert student.model.encoder.bigram_embeddings.weight.abs().sum() > 0  # the table learnt
+    recipe = json.loads((tmp_path / "s" / "distill.json").read_text())
+    assert (recipe["student"], recipe["bigrams"], recipe["kept_layers"]) == ("cut", 97, [1])
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
     _exported_spans_agree(tmp_path, student, texts)
@@ -354,9 +402,9 @@ def test_a_convolutional_students_dilations_and_bigrams_are_its_own_and_in_its_r
     assert config.dilations == [1, 3] and config.bigram_buckets == 97
     recipe = json.loads((tmp_path / "s" / "distill.json").read_text())
     assert recipe["dilations"] == [1, 3] and recipe["bigrams"] == 97
-    with pytest.raises(ValueError, match="--bigrams adds a table to a convolutional student"):
-        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "b", encoder_layers=1, bigrams=8,
-                        config=_config(1), progress=False)
+    with pytest.raises(ValueError, match="--bigrams adds a table of character bigrams to a convolutional or a cut"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "b", student="narrow", width=64,
+                        bigrams=8, config=_config(1), progress=False)
     with pytest.raises(ValueError, match="--student conv"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "c", encoder_layers=1, dilations=[1, 2],
                         config=_config(1), progress=False)

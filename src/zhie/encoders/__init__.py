@@ -13,7 +13,8 @@ Just over 400 lines: the one entry point that every other module uses to get an 
 * anything else is a hub name handed to transformers as is.
 
 Directories whose ``config.json`` names a ``model_type`` transformers lacks but zhie has (``roformer_v2``,
-``gau_alpha``: :mod:`zhie.encoders.gau`; ``zhie_conv``: :mod:`zhie.encoders.conv`) load through zhie's classes, the
+``gau_alpha``: :mod:`zhie.encoders.gau`; ``zhie_conv``: :mod:`zhie.encoders.conv`; ``zhie_bigram_bert``:
+:mod:`zhie.encoders.bigram`) load through zhie's classes, the
 same strict way.
 
 Loading is strict: a weight the model expects but the checkpoint lacks, or a checkpoint weight the model
@@ -118,11 +119,11 @@ def _model_type(directory: str) -> str | None:
 
 def own_model_class(model_type: str | None):
     """zhie's class for a ``model_type`` transformers does not have (:mod:`zhie.encoders.gau`,
-    :mod:`zhie.encoders.conv`), else None."""
-    from zhie.encoders import conv, gau
+    :mod:`zhie.encoders.conv`, :mod:`zhie.encoders.bigram`), else None."""
+    from zhie.encoders import bigram, conv, gau
 
     return {"roformer_v2": gau.RoFormerV2Model, "gau_alpha": gau.GAUAlphaModel,
-            "zhie_conv": conv.ConvModel}.get(model_type)
+            "zhie_conv": conv.ConvModel, "zhie_bigram_bert": bigram.BigramBertModel}.get(model_type)
 
 
 # ----------------------------------------------------------------------------------- encoders built from a config

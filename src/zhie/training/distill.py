@@ -240,8 +240,8 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
                       help="--student conv: the blocks' dilations, cycled (default 1,2,4,1: each token sees 17 "
                            "characters after 4 blocks; 1,2,4,8 sees 31 at the same cost)")
     same.add_argument("--bigrams", type=int, default=0, metavar="N",
-                      help="--student conv: add a learnt table of character bigrams hashed into N rows (e.g. 65536; "
-                           "default 0, none): one more gather per token")
+                      help="--student conv or cut: add a learnt table of character bigrams hashed into N rows (e.g. "
+                           "65536; default 0, none): one more gather per token; a cut student's starts at zero")
     same.add_argument("--ffn-width", type=int, default=None, metavar="N",
                       help="--student cut: keep the N most important feed-forward neurons of each kept layer (their "
                            "mean activation on the training text times their output weights' norm; e5-small has "

@@ -42,6 +42,7 @@ from zhie import encoders
 from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
+from zhie.encoders import bigram
 from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL, ConvConfig
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator
@@ -282,11 +283,17 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                          "is --width)")
     if dilations is not None and student != "conv":
         raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
-    if bigrams and student != "conv":
-        raise ValueError("--bigrams adds a table to a convolutional student: it is for --student conv")
+    if bigrams and student not in ("conv", "cut"):
+        raise ValueError("--bigrams adds a table of character bigrams to a convolutional or a cut student: it is for "
+                         "--student conv or --student cut")
     dilations = list(STUDENT_DILATIONS if dilations is None else dilations)
+    # each kind's checks now, not after the teachers' pass
     if student == "conv":
-        ConvConfig(dilations=dilations, bigram_buckets=bigrams)  # its checks now, not after the teachers' pass
+        ConvConfig(dilations=dilations, bigram_buckets=bigrams)
+    elif student == "narrow":
+        narrow_config(first.encoder, width, encoder_layers or 4)
+    elif student == "cut" and bigrams:
+        bigram.check_bigrams(first.encoder, bigrams)
     if ffn_width is not None:
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
@@ -300,7 +307,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
               "head": getattr(student_task.config, "head", None),
-              **({"kept_layers": kept, "ffn_width": ffn_width} if student == "cut" else
+              **({"kept_layers": kept, "ffn_width": ffn_width, **({"bigrams": bigrams} if bigrams else {})}
+                 if student == "cut" else
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
                   "residual": STUDENT_RESIDUAL, **({"bigrams": bigrams} if bigrams else {})}
                  if student == "conv" else {"layers": encoder_layers or 4, "width": width}
@@ -390,18 +398,21 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
                   dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None,
                   bigrams: int = 0) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
-    feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`)
-    and the teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and
+    feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`;
+    with ``bigrams`` rows of hashed bigrams, zeros at first, :func:`zhie.encoders.bigram.with_bigrams`) and the
+    teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and
     ``dilations``, with ``bigrams`` rows of hashed bigrams (:func:`zhie.encoders.conv.conv_student`: the teacher's
     embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width; ``"narrow"``, :func:`narrow_student` of ``blocks`` layers of ``width`` with
     the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
     (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
     if kind == "cut":
-        model = Model(copy.deepcopy(teacher.encoder), copy.deepcopy(dict(teacher.heads.items())))
-        encoders.select_layers(model.encoder, kept)
+        encoder = encoders.select_layers(copy.deepcopy(teacher.encoder), kept)
         if ffn is not None:
-            encoders.prune_ffn(model.encoder, *ffn)
+            encoders.prune_ffn(encoder, *ffn)
+        if bigrams:
+            encoder = bigram.with_bigrams(encoder, bigrams)
+        model = Model(encoder, copy.deepcopy(dict(teacher.heads.items())))
     else:
         if kind == "conv":
             from zhie.encoders.conv import conv_student
@@ -424,30 +435,37 @@ def narrow_student(teacher_encoder: nn.Module, width: int, layers: int, seed: in
     projection to ``width`` and ``layers`` transformer layers of ``width`` (heads of 64, feed-forward 4 × ``width``,
     the teacher's activation), initialised from ``seed``. Only BERT-like teachers have such embeddings (e5-small and
     ``tiny``); others are refused."""
+    student = encoders.build(narrow_config(teacher_encoder, width, layers), seed=seed)
+    with torch.no_grad():
+        for name in NARROW_COPIED:
+            getattr(student.embeddings, name).load_state_dict(getattr(teacher_encoder.embeddings, name).state_dict())
+    return student
+
+
+NARROW_COPIED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
+
+
+def narrow_config(teacher_encoder: nn.Module, width: int, layers: int):
+    """The ALBERT configuration of :func:`narrow_student`; a clear error for a teacher that is not BERT-like or a
+    ``width`` that is not a positive multiple of 64."""
     from transformers import AlbertConfig
 
     teacher = teacher_encoder.config
     emb = getattr(teacher_encoder, "embeddings", None)
-    needed = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
-    if emb is None or not all(hasattr(emb, name) for name in needed) or teacher.model_type != "bert":
+    if emb is None or not all(hasattr(emb, name) for name in NARROW_COPIED) or teacher.model_type != "bert":
         raise ValueError(f"--student narrow copies a BERT-like teacher's embeddings (words, positions, token types); "
                          f"this teacher's encoder is {teacher.model_type!r}: use --student conv")
     if width % 64 or width <= 0:
         raise ValueError(f"--width {width}: a narrow student's width is a multiple of 64 (its attention heads are 64 "
                          "wide)")
-    config = AlbertConfig(vocab_size=teacher.vocab_size, embedding_size=teacher.hidden_size, hidden_size=width,
-                          num_hidden_layers=layers, num_hidden_groups=layers, num_attention_heads=width // 64,
-                          intermediate_size=4 * width, inner_group_num=1, hidden_act=teacher.hidden_act,
-                          hidden_dropout_prob=teacher.hidden_dropout_prob,
-                          attention_probs_dropout_prob=teacher.attention_probs_dropout_prob,
-                          max_position_embeddings=teacher.max_position_embeddings,
-                          type_vocab_size=teacher.type_vocab_size, layer_norm_eps=teacher.layer_norm_eps,
-                          pad_token_id=teacher.pad_token_id)
-    student = encoders.build(config, seed=seed)
-    with torch.no_grad():
-        for name in needed:
-            getattr(student.embeddings, name).load_state_dict(getattr(emb, name).state_dict())
-    return student
+    return AlbertConfig(vocab_size=teacher.vocab_size, embedding_size=teacher.hidden_size, hidden_size=width,
+                        num_hidden_layers=layers, num_hidden_groups=layers, num_attention_heads=width // 64,
+                        intermediate_size=4 * width, inner_group_num=1, hidden_act=teacher.hidden_act,
+                        hidden_dropout_prob=teacher.hidden_dropout_prob,
+                        attention_probs_dropout_prob=teacher.attention_probs_dropout_prob,
+                        max_position_embeddings=teacher.max_position_embeddings,
+                        type_vocab_size=teacher.type_vocab_size, layer_norm_eps=teacher.layer_norm_eps,
+                        pad_token_id=teacher.pad_token_id)
 
 
 def teacher_origin(directory: Path) -> str:
