@@ -31,6 +31,7 @@ from ner import DATASETS, dataset_files
 from zhie.data.base import read_texts
 from zhie.training import TrainConfig
 from zhie.training.distill import dilation_list
+from zhie.training.loop import CHECKPOINT
 from zhie.training.report import read_metrics
 from zhie.training.students import STUDENTS, distill_student
 
@@ -56,15 +57,18 @@ def corpus_sentences(name: str, n: int) -> list[str]:
 
 def teachers(args, train: Path, dev: Path) -> list[Path]:
     """The teacher directories; with ``--train-teacher ARGS`` (one per ``--teacher``, in its order), one that does
-    not exist (a fresh machine keeps no model of an earlier session) is trained first, with its teacher row's
-    arguments (the same seed gives the same model on the same machine), where the teacher row put it: a NER teacher
-    by ``benchmarks/ner.py ARGS --out`` the directory two levels above it (``RUN/cluener-gp/best`` -> ``RUN``); a CWS
-    teacher by ``zhie train cws --train TRAIN --dev DEV ARGS --out`` its parent (``RUN/best`` -> ``RUN``)."""
+    not exist (a fresh machine keeps no model of an earlier session), or whose run directory still holds a
+    ``checkpoint.pt`` (a session stopped its training, and its ``best`` may be of an early epoch: the training resumes,
+    and returns at once if it had finished; the campaign removes a finished row's checkpoints), is trained first, with
+    its teacher row's arguments (the same seed gives the same model on the same machine), where the teacher row put it:
+    a NER teacher by ``benchmarks/ner.py ARGS --out`` the directory two levels above it (``RUN/cluener-gp/best`` ->
+    ``RUN``); a CWS teacher by ``zhie train cws --train TRAIN --dev DEV ARGS --out`` its parent (``RUN/best`` ->
+    ``RUN``)."""
     if args.train_teacher and len(args.train_teacher) != len(args.teacher):
         raise SystemExit(f"error: {len(args.teacher)} --teacher and {len(args.train_teacher)} --train-teacher: give "
                          "one --train-teacher per --teacher, in the same order, or none")
     for teacher, train_args in zip(map(Path, args.teacher), args.train_teacher or [None] * len(args.teacher)):
-        if teacher.exists() or train_args is None:
+        if train_args is None or (teacher.exists() and not (teacher.parent / CHECKPOINT).exists()):
             continue
         if args.dataset in CWS:
             command = [sys.executable, "-m", "zhie", "train", "cws", "--train", str(train), "--dev", str(dev),

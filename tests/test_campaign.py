@@ -277,3 +277,23 @@ def test_mtmt_table_pairs_only_systems_that_distilled_the_same_teachers(tmp_path
     table = {row.split(" | ")[0].strip("| "): row.split(" | ") for row in report.campaign_mtmt_table().splitlines()[2:]}
     assert table["mtmt"][2:5] == ["74.50 ± 0.71", "3.00 ± 0.00", "2.00 ± 0.00"]
     assert table["mtmt-no-alpha"][2:5] == ["80.00", "–", "–"]
+
+
+def test_a_students_teacher_is_trained_when_missing_or_not_yet_finished(tmp_path, monkeypatch):
+    """``benchmarks/students.py --train-teacher``: a teacher trains when its directory is missing, and resumes when its
+    run still holds a checkpoint (a stopped session's teacher has a ``best`` of an early epoch); a finished one, whose
+    checkpoint the campaign removed, is used as it is."""
+    import argparse
+
+    students = _benchmark("students")
+    ran = []
+    monkeypatch.setattr(students.subprocess, "run", lambda command, check: ran.append(command[-1]))
+    run = [tmp_path / name for name in ("missing", "stopped", "finished")]
+    for directory in run[1:]:
+        (directory / "cluener-gp" / "best").mkdir(parents=True)
+    (run[1] / "cluener-gp" / "checkpoint.pt").write_bytes(b"")
+    args = argparse.Namespace(teacher=[str(d / "cluener-gp" / "best") for d in run], dataset="cluener",
+                              train_teacher=["--seed 1"] * 3)
+    assert students.teachers(args, tmp_path / "train.json", tmp_path / "dev.json") == [
+        d / "cluener-gp" / "best" for d in run]
+    assert ran == [str(run[0]), str(run[1])]
