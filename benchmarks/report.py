@@ -307,11 +307,13 @@ def students_table(section: str = "s/") -> str:
     for line in campaign(section):
         for r in line["results"]:
             if "student" in r:
-                kind = (f"{r['layers']} layers ({r['keep_layers']})" + (f", feed-forward {r['ffn_width']}"
-                                                                        if r.get("ffn_width") else "")
+                kind = (f"{r['layers']} layers ({r['keep_layers']})"
+                        + (f", feed-forward {r['ffn_width']}" if r.get("ffn_width") else "")
+                        + (f", {r['attention_heads']} heads" if r.get("attention_heads") else "")
                         if r["student"] == "cut" else
                         (f"{r['student']} {r['layers']} x {r['width']}" if r.get("width") else
                          f"{r['student']}, {r['layers']} layers") + (f", {r['head']}" if r.get("head") else ""))
+                kind += f", bigrams {r['bigrams']:,}" if r.get("bigrams") else ""
                 steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
             else:  # the teacher's row (benchmarks/ner.py)
                 kind, steps = f"teacher, 12 layers, {r['head']}", None

@@ -99,6 +99,7 @@ def run(args) -> dict:
     result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
                              student=args.student, width=args.width, ffn_width=args.ffn_width,
+                             attention_heads=args.attention_heads,
                              dilations=args.dilations, bigrams=args.bigrams, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature,
                              hidden_weight=args.hidden_weight,
@@ -109,6 +110,7 @@ def run(args) -> dict:
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student in ("conv", "narrow") else None, "ffn_width": args.ffn_width,
+            "attention_heads": args.attention_heads,
             "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
             "wiki_sentences": args.wiki_sentences, "medical_sentences": args.medical_sentences,
             "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
@@ -136,6 +138,7 @@ def main() -> None:
     p.add_argument("--student", default="cut", choices=list(STUDENTS))
     p.add_argument("--width", type=int, default=256, help="--student conv: channels per block; narrow: hidden size")
     p.add_argument("--ffn-width", type=int, default=None, help="--student cut: feed-forward neurons kept per layer")
+    p.add_argument("--attention-heads", type=int, default=None, help="--student cut: attention heads kept per layer")
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--bigrams", type=int, default=0, help="--student conv or cut: rows of the hashed bigram table")
     p.add_argument("--head", default=None, help="--student conv: egp for a gp teacher (default: the teacher's)")

@@ -344,14 +344,14 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
 
 
 def test_a_bigram_table_of_zeros_keeps_the_bert_and_padding_never_changes_a_row():
-    """:func:`zhie.encoders.bigram.with_bigrams`: the BERT's function exactly while the table is zeros; with a table
-    that has learnt, each token's row changes its output, and a right-padded row's outputs are the row's alone; it
-    saves and loads as zhie's ``zhie_bigram_bert``; other encoders are refused."""
-    from zhie.encoders.bigram import with_bigrams
+    """:func:`zhie.encoders.student_bert.student_bert` with a bigram table: the BERT's function exactly while the table
+    is zeros; with a table that has learnt, each token's row changes its output, and a right-padded row's outputs are
+    the row's alone; other encoders are refused."""
     from zhie.encoders.conv import conv_student
+    from zhie.encoders.student_bert import student_bert
 
     encoder = zhie.load(trained("ner-gp")).model.encoder.eval()
-    table = with_bigrams(encoder, 97).eval()
+    table = student_bert(encoder, bigrams=97).eval()
     ids = torch.tensor([[2, 5, 9, 14, 3, 0, 0], [2, 7, 8, 6, 11, 12, 3]])
     mask = (torch.arange(7) < torch.tensor([[5], [7]])).long()
     with torch.no_grad():
@@ -362,25 +362,75 @@ def test_a_bigram_table_of_zeros_keeps_the_bert_and_padding_never_changes_a_row(
         alone = table(input_ids=ids[:1, :5], attention_mask=mask[:1, :5]).last_hidden_state
     assert (after - before)[mask.bool()].abs().amax(-1).min() > 1e-3
     torch.testing.assert_close(after[:1, :5], alone, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="use --student conv --bigrams"):
-        with_bigrams(conv_student(encoder, hidden_size=32, layers=1), 97)
+    with pytest.raises(ValueError, match="use --student conv"):
+        student_bert(conv_student(encoder, hidden_size=32, layers=1), bigrams=97)
 
 
-def test_a_cut_student_with_bigrams_learns_saves_and_exports(ner_files, tmp_path):
+def test_head_activity_is_each_heads_mean_contribution_norm_and_pruning_keeps_the_strongest():
+    """:class:`HeadActivity`: per layer and head, the mean over real tokens of ``||W_O[:, h] c_h||`` (by hand from the
+    attention's context vectors); :func:`student_bert` keeps the strongest heads in their order, and with every head
+    kept computes what the BERT computes; a layer whose other heads give nothing computes the same with only its
+    strongest."""
+    from zhie.encoders.student_bert import HeadActivity, student_bert
+
+    model, _ = encoders.tiny(["甲乙丙"], hidden_size=32, layers=2, heads=4)  # heads of 8
+    model.eval()
+    ids, mask = torch.tensor([[2, 5, 6, 3, 0], [2, 7, 3, 0, 0]]), torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]])
+    seen = []
+    dense = model.encoder.layer[1].attention.output.dense
+    hook = dense.register_forward_hook(lambda m, i, o: seen.append(i[0].detach()))
+    activity = HeadActivity(model)
+    activity.mask = mask
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    activity.close()
+    hook.remove()
+    context = torch.cat([seen[0][0, :4], seen[0][1, :3]])  # 7 real tokens, [7, 32]
+    expected = torch.stack([(context[:, h * 8:(h + 1) * 8] @ dense.weight[:, h * 8:(h + 1) * 8].T).norm(dim=-1).mean()
+                            for h in range(4)])
+    torch.testing.assert_close(activity.means()[1], expected)
+    assert not dense._forward_hooks
+
+    with torch.no_grad():
+        whole = student_bert(model, heads=(4, activity.means())).eval()
+        torch.testing.assert_close(whole(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   model(input_ids=ids, attention_mask=mask).last_hidden_state)
+        for layer in model.encoder.layer:  # heads 0 and 2 give nothing to the layer's output
+            for h in (0, 2):
+                layer.attention.output.dense.weight[:, h * 8:(h + 1) * 8] = 0
+        scores = [torch.tensor([0.1, 5.0, 0.2, 3.0])] * 2
+        pruned = student_bert(model, heads=(2, scores)).eval()
+        assert pruned.encoder.layer[0].attention.self.query.out_features == 16
+        assert pruned.config.attention_heads_kept == 2 and pruned.config.num_attention_heads == 4
+        torch.testing.assert_close(pruned.encoder.layer[1].attention.self.value.weight,
+                                   torch.cat([model.encoder.layer[1].attention.self.value.weight[8:16],
+                                              model.encoder.layer[1].attention.self.value.weight[24:32]]))
+        torch.testing.assert_close(pruned(input_ids=ids, attention_mask=mask).last_hidden_state,
+                                   model(input_ids=ids, attention_mask=mask).last_hidden_state, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="keep 1 to 4"):
+        student_bert(model, heads=(5, scores))
+
+
+def test_a_cut_student_with_bigrams_and_fewer_heads_learns_saves_and_exports(ner_files, tmp_path):
     teacher = trained("ner-gp")
-    with pytest.raises(ValueError, match="--bigrams -3"):  # refused before the teacher runs
-        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "n", encoder_layers=1, bigrams=-3,
-                        config=_config(1), progress=False)
-    assert not (tmp_path / "n" / students.TARGETS).exists()
+    for bad, message in ((dict(bigrams=-3), "--bigrams -3"), (dict(attention_heads=9), "--attention-heads 9"),
+                         (dict(attention_heads=1, student="conv"), "it is for --student cut")):
+        with pytest.raises(ValueError, match=message):  # refused before the teacher runs
+            distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "n", encoder_layers=1,
+                            config=_config(1), progress=False, **bad)
+        assert not (tmp_path / "n" / students.TARGETS).exists()
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
                     unlabelled=[ner_files / "unlabelled.txt"], encoder_layers=1, keep_layers="spread", bigrams=97,
-                    config=_config(6), progress=False)
+                    attention_heads=1, config=_config(6), progress=False)
     student = zhie.load(tmp_path / "s" / "best")
     config = student.model.encoder.config
-    assert (config.model_type, config.bigram_buckets, config.num_hidden_layers) == ("zhie_bigram_bert", 97, 1)
+    assert (config.model_type, config.bigram_buckets, config.attention_heads_kept, config.num_hidden_layers) == (
+        "zhie_student_bert", 97, 1, 1)
     assert student.model.encoder.bigram_embeddings.weight.abs().sum() > 0  # the table learnt
+    assert len(torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)["head_activity"]) == 2
     recipe = json.loads((tmp_path / "s" / "distill.json").read_text())
-    assert (recipe["student"], recipe["bigrams"], recipe["kept_layers"]) == ("cut", 97, [1])
+    assert (recipe["student"], recipe["bigrams"], recipe["attention_heads"], recipe["kept_layers"]) == (
+        "cut", 97, 1, [1])
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
     _exported_spans_agree(tmp_path, student, texts)

@@ -13,9 +13,8 @@ Just over 400 lines: the one entry point that every other module uses to get an 
 * anything else is a hub name handed to transformers as is.
 
 Directories whose ``config.json`` names a ``model_type`` transformers lacks but zhie has (``roformer_v2``,
-``gau_alpha``: :mod:`zhie.encoders.gau`; ``zhie_conv``: :mod:`zhie.encoders.conv`; ``zhie_bigram_bert``:
-:mod:`zhie.encoders.bigram`) load through zhie's classes, the
-same strict way.
+``gau_alpha``: :mod:`zhie.encoders.gau`; ``zhie_conv``: :mod:`zhie.encoders.conv`; ``zhie_student_bert``:
+:mod:`zhie.encoders.student_bert`) load through zhie's classes, the same strict way.
 
 Loading is strict: a weight the model expects but the checkpoint lacks, or a checkpoint weight the model
 does not use, is an error that lists the names. Two exceptions, both because they are never used by
@@ -119,11 +118,11 @@ def _model_type(directory: str) -> str | None:
 
 def own_model_class(model_type: str | None):
     """zhie's class for a ``model_type`` transformers does not have (:mod:`zhie.encoders.gau`,
-    :mod:`zhie.encoders.conv`, :mod:`zhie.encoders.bigram`), else None."""
-    from zhie.encoders import bigram, conv, gau
+    :mod:`zhie.encoders.conv`, :mod:`zhie.encoders.student_bert`), else None."""
+    from zhie.encoders import conv, gau, student_bert
 
     return {"roformer_v2": gau.RoFormerV2Model, "gau_alpha": gau.GAUAlphaModel,
-            "zhie_conv": conv.ConvModel, "zhie_bigram_bert": bigram.BigramBertModel}.get(model_type)
+            "zhie_conv": conv.ConvModel, "zhie_student_bert": student_bert.StudentBertModel}.get(model_type)
 
 
 # ----------------------------------------------------------------------------------- encoders built from a config
@@ -335,22 +334,24 @@ def prune_ffn(model: nn.Module, width: int, activity: Sequence[Tensor]) -> nn.Mo
     return model
 
 
-class FfnActivity:
-    """Forward hooks that sum each feed-forward neuron's absolute activation over the real tokens of the batches an
-    encoder runs (:func:`ffn_layers`); ``means()``: one vector per layer, the sum over the tokens counted. Set
-    ``mask`` (``[b, n]``, 1 for real tokens) before each forward pass; ``close()`` removes the hooks."""
+class Activity:
+    """Forward hooks, one on a module of each layer, that sum a measure of each of the layer's units over the real
+    tokens of the batches an encoder runs: ``measure(module, inputs, output) -> [b, n, units]``. ``means()``: one
+    vector per layer, the sum over the tokens counted. Set ``mask`` (``[b, n]``, 1 for real tokens) before each forward
+    pass; ``close()`` removes the hooks."""
 
-    def __init__(self, model: nn.Module) -> None:
-        stack = ffn_layers(model)
-        self.sums = [torch.zeros(layer.intermediate.dense.out_features) for layer in stack]
+    def __init__(self, modules: Sequence[nn.Module], units: int, measure) -> None:
+        self.sums = [torch.zeros(units) for _ in modules]
         self.tokens = 0
         self.mask: Tensor | None = None
-        self.handles = [layer.intermediate.register_forward_hook(self._hook(k)) for k, layer in enumerate(stack)]
+        self.measure = measure
+        self.handles = [module.register_forward_hook(self._hook(k)) for k, module in enumerate(modules)]
 
     def _hook(self, k: int):
-        def add(module, inputs, output: Tensor) -> None:
-            real = self.mask.to(output.device, output.dtype).unsqueeze(-1)
-            self.sums[k] += (output.abs() * real).sum((0, 1)).float().cpu()
+        def add(module, inputs, output) -> None:
+            values = self.measure(module, inputs, output)
+            real = self.mask.to(values.device, values.dtype).unsqueeze(-1)
+            self.sums[k] += (values * real).sum((0, 1)).float().cpu()
             if k == 0:
                 self.tokens += int(self.mask.sum())
         return add
@@ -361,6 +362,15 @@ class FfnActivity:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+
+
+class FfnActivity(Activity):
+    """Each feed-forward neuron's absolute activation (:func:`ffn_layers`), summed by :class:`Activity`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        stack = ffn_layers(model)
+        super().__init__([layer.intermediate for layer in stack], stack[0].intermediate.dense.out_features,
+                         lambda module, inputs, output: output.abs())
 
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -30,7 +30,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from zhie import encoders
 from zhie.core.files import atomic_write
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
-from zhie.encoders import bigram
+from zhie.encoders import student_bert
 from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL, ConvConfig
 from zhie.model import Ensemble, Model
 from zhie.tasks.base import Evaluator
@@ -169,14 +169,14 @@ def item_batches(task, items: list, batch_size: int, progress: bool, what: str) 
 
 @torch.no_grad()
 def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
-                    progress: bool = False, activity: encoders.FfnActivity | None = None) -> list:
+                    progress: bool = False, activities: Sequence[encoders.Activity] = ()) -> list:
     """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order, in the
-    batches of :func:`item_batches`. ``activity`` (hooked on the teacher's encoder, or on an ensemble's first) counts
-    the feed-forward activations meanwhile."""
+    batches of :func:`item_batches`. ``activities`` (hooked on the teacher's encoder, or on an ensemble's first) count
+    their units' activity meanwhile."""
     task, model = teacher.task, teacher.model
     targets: list = [None] * len(items)
     for idx, batch in item_batches(task, items, batch_size, progress, "teacher targets"):
-        if activity is not None:
+        for activity in activities:
             activity.mask = batch["attention_mask"]
         output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                        heads=[task.head_name])[task.head_name]
@@ -221,8 +221,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                     dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
                     max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
                     encoder_layers: int | None = None, student: str = "cut", width: int = 256,
-                    ffn_width: int | None = None, dilations: list[int] | None = None, bigrams: int = 0,
-                    head: str | None = None,
+                    ffn_width: int | None = None, attention_heads: int | None = None,
+                    dilations: list[int] | None = None, bigrams: int = 0, head: str | None = None,
                     hard_weight: float = 0.5, temperature: float = 1.0, hidden_weight: float = 0.0,
                     targets_from: str | os.PathLike | None = None,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
@@ -232,7 +232,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
 
     ``student`` (:func:`student_model`): ``"cut"`` keeps the teacher layers of :func:`student_layers`
     (``keep_layers``, ``encoder_layers``), their feed-forward blocks narrowed to ``ffn_width`` neurons if given
-    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets);
+    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets),
+    their attention to ``attention_heads`` heads if given (by their contribution on the items,
+    :class:`zhie.encoders.student_bert.HeadActivity`), with a table of ``bigrams`` hashed character bigrams if given
+    (zeros at first; both make it a :class:`zhie.encoders.student_bert.StudentBertModel`);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
     embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
     :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with a table of character bigrams hashed into ``bigrams`` rows if
@@ -281,6 +284,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     if ffn_width is not None and student != "cut":
         raise ValueError("--ffn-width narrows the teacher's layers: it is for --student cut (a conv student's width "
                          "is --width)")
+    if attention_heads is not None and student != "cut":
+        raise ValueError("--attention-heads narrows the teacher's layers: it is for --student cut")
     if dilations is not None and student != "conv":
         raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
     if bigrams and student not in ("conv", "cut"):
@@ -292,8 +297,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         ConvConfig(dilations=dilations, bigram_buckets=bigrams)
     elif student == "narrow":
         narrow_config(first.encoder, width, encoder_layers or 4)
-    elif student == "cut" and bigrams:
-        bigram.check_bigrams(first.encoder, bigrams)
+    elif student == "cut" and (bigrams or attention_heads is not None):
+        student_bert.check_student_bert(first.encoder, bigrams, attention_heads)
     if ffn_width is not None:
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
@@ -307,7 +312,9 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
              **{f"unlabelled {k + 1}": str(path) for k, path in enumerate(unlabelled or [])}}
     recipe = {"teachers": [str(t) for t in teachers], "teacher_layers": total, "student": student,
               "head": getattr(student_task.config, "head", None),
-              **({"kept_layers": kept, "ffn_width": ffn_width, **({"bigrams": bigrams} if bigrams else {})}
+              **({"kept_layers": kept, "ffn_width": ffn_width,
+                  **({"attention_heads": attention_heads} if attention_heads is not None else {}),
+                  **({"bigrams": bigrams} if bigrams else {})}
                  if student == "cut" else
                  {"conv_layers": encoder_layers or 4, "width": width, "dilations": dilations,
                   "residual": STUDENT_RESIDUAL, **({"bigrams": bigrams} if bigrams else {})}
@@ -324,13 +331,16 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         if is_main_process():
             (out / TARGETS).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
-    if stored is None or (ffn_width is not None and "ffn_activity" not in stored):
+    measures = {"ffn_activity": encoders.FfnActivity if ffn_width is not None else None,
+                "head_activity": student_bert.HeadActivity if attention_heads is not None else None}
+    measures = {name: kind for name, kind in measures.items() if kind is not None}
+    if stored is None or any(name not in stored for name in measures):
         items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
-        activity = encoders.FfnActivity(first.encoder) if ffn_width is not None else None
-        targets = teacher_targets(teacher, items, 64, temperature, device, progress, activity)
+        activities = {name: kind(first.encoder) for name, kind in measures.items()}
+        targets = teacher_targets(teacher, items, 64, temperature, device, progress, list(activities.values()))
         stored = {"identity": identity, "lessons": [Lesson(it, t) for it, t in zip(items, targets)]}
-        if activity is not None:
-            stored["ffn_activity"] = activity.means()
+        for name, activity in activities.items():
+            stored[name] = activity.means()
             activity.close()
         if is_main_process():
             path = out / TARGETS
@@ -343,9 +353,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
             atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
     lessons = stored["lessons"]
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
+    heads = (attention_heads, [stored["head_activity"][k] for k in kept]) if attention_heads is not None else None
 
     model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn,
-                          dilations, origin, bigrams)
+                          dilations, origin, bigrams, heads)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -396,13 +407,13 @@ def other_head(task, head: str, directory: Path, student: str):
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
                   seed: int, ffn: tuple[int, list[Tensor]] | None = None,
                   dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None,
-                  bigrams: int = 0) -> Model:
+                  bigrams: int = 0, heads: tuple[int, list[Tensor]] | None = None) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
     feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`;
-    with ``bigrams`` rows of hashed bigrams, zeros at first, :func:`zhie.encoders.bigram.with_bigrams`) and the
-    teacher's heads; ``"conv"``, a convolutional encoder of ``blocks`` blocks of ``width`` and
-    ``dilations``, with ``bigrams`` rows of hashed bigrams (:func:`zhie.encoders.conv.conv_student`: the teacher's
-    embedding table, the rest initialised from ``seed``) with
+    with ``bigrams`` rows of hashed bigrams, zeros at first, and the attention heads of ``heads``, ``(count, each kept
+    layer's head activity)``, :func:`zhie.encoders.student_bert.student_bert`) and the teacher's heads; ``"conv"``, a
+    convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``, with ``bigrams`` rows of hashed bigrams
+    (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width; ``"narrow"``, :func:`narrow_student` of ``blocks`` layers of ``width`` with
     the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
     (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
@@ -410,8 +421,8 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
         encoder = encoders.select_layers(copy.deepcopy(teacher.encoder), kept)
         if ffn is not None:
             encoders.prune_ffn(encoder, *ffn)
-        if bigrams:
-            encoder = bigram.with_bigrams(encoder, bigrams)
+        if bigrams or heads is not None:
+            encoder = student_bert.student_bert(encoder, bigrams, heads)
         model = Model(encoder, copy.deepcopy(dict(teacher.heads.items())))
     else:
         if kind == "conv":
@@ -526,8 +537,8 @@ def reused_lessons(run: Path, identity: dict) -> dict:
 
 def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
     """What an earlier run with the same ``identity`` stored in ``out`` (``{"identity", "lessons"}``, and
-    ``"ffn_activity"`` where it measured it); None when there is none (or ``resume`` is off). A run directory that
-    holds a checkpoint of another teacher or data is refused."""
+    ``"ffn_activity"`` and ``"head_activity"`` where it measured them); None when there is none (or ``resume`` is
+    off). A run directory that holds a checkpoint of another teacher or data is refused."""
     path = out / TARGETS
     if not resume or not path.exists():
         return None
