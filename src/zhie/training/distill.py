@@ -251,8 +251,9 @@ def add_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser
                            "output on the training text (e5-small has 12 of 32 dimensions): a narrower, faster "
                            "transformer")
     same.add_argument("--head", default=None,
-                      help="--student conv: another head of the teacher's output type (egp for a gp teacher: ~10x "
-                           "cheaper; softmax for crf), default the teacher's")
+                      help="another head of the teacher's output type (egp for a gp teacher: ~10x cheaper; softmax "
+                           "for crf), fresh (give it a --head-lr such as 1e-3); default the teacher's (a cut student "
+                           "keeps its weights)")
     same.add_argument("--hard-weight", type=float, default=0.5,
                       help="weight of the task's own loss on gold (and teacher-predicted) labels; the soft-target "
                            "loss gets 1 minus it")

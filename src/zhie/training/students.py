@@ -303,7 +303,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
     if head is not None and head != getattr(student_task.config, "head", None):
-        student_task = other_head(student_task, head, resolve_model_dir(teachers[0]), student)
+        student_task = other_head(student_task, head, resolve_model_dir(teachers[0]))
 
     origin = teacher_origin(resolve_model_dir(teachers[0])) if student == "fresh" else None
 
@@ -353,10 +353,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
             atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
     lessons = stored["lessons"]
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
-    heads = (attention_heads, [stored["head_activity"][k] for k in kept]) if attention_heads is not None else None
+    attention = (attention_heads, [stored["head_activity"][k] for k in kept]) if attention_heads is not None else None
 
     model = student_model(first, student_task, student, kept, encoder_layers or 4, width, config.seed, ffn,
-                          dilations, origin, bigrams, heads)
+                          dilations, origin, bigrams, attention, fresh_head=student_task is not teacher.task)
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
@@ -388,17 +388,14 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
 HEAD_FAMILIES = ({"gp", "egp"}, {"crf", "softmax"})  # heads of one output type: span logits, tag emissions
 
 
-def other_head(task, head: str, directory: Path, student: str):
+def other_head(task, head: str, directory: Path):
     """The teacher's ``task`` with the head ``head`` instead of its own, which must give the same output type (the
-    student learns from the teacher's outputs); its files (a segmenter's vocabulary) read from ``directory``. A cut
-    student keeps the teacher's head weights, so it cannot change head."""
+    student learns from the teacher's outputs); its files (a segmenter's vocabulary) read from ``directory``. The
+    student's head of that kind starts afresh (:func:`student_model`)."""
     own = task.config.head
     if not any({own, head} <= family for family in HEAD_FAMILIES):
         raise ValueError(f"--head {head}: a student of a {own} teacher takes a head of the same output type "
                          f"({' or '.join(sorted(next(f for f in HEAD_FAMILIES if own in f)))})")
-    if student == "cut":
-        raise ValueError(f"--head {head}: a cut student keeps the teacher's {own} head; use --student conv for "
-                         "another head, or leave out --head")
     other = type(task)(dataclasses.replace(task.config, head=head), task.tokenizer)
     other.load_files(directory)
     return other
@@ -407,11 +404,13 @@ def other_head(task, head: str, directory: Path, student: str):
 def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
                   seed: int, ffn: tuple[int, list[Tensor]] | None = None,
                   dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None,
-                  bigrams: int = 0, heads: tuple[int, list[Tensor]] | None = None) -> Model:
+                  bigrams: int = 0, attention: tuple[int, list[Tensor]] | None = None,
+                  fresh_head: bool = False) -> Model:
     """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
     feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`;
-    with ``bigrams`` rows of hashed bigrams, zeros at first, and the attention heads of ``heads``, ``(count, each kept
-    layer's head activity)``, :func:`zhie.encoders.student_bert.student_bert`) and the teacher's heads; ``"conv"``, a
+    with ``bigrams`` rows of hashed bigrams, zeros at first, and the attention heads of ``attention``, ``(count, each
+    kept layer's head activity)``, :func:`zhie.encoders.student_bert.student_bert`) and the teacher's heads (with
+    ``fresh_head``, the task's fresh heads instead: another head kind than the teacher's); ``"conv"``, a
     convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``, with ``bigrams`` rows of hashed bigrams
     (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
     the task's fresh heads of that width; ``"narrow"``, :func:`narrow_student` of ``blocks`` layers of ``width`` with
@@ -421,9 +420,13 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
         encoder = encoders.select_layers(copy.deepcopy(teacher.encoder), kept)
         if ffn is not None:
             encoders.prune_ffn(encoder, *ffn)
-        if bigrams or heads is not None:
-            encoder = student_bert.student_bert(encoder, bigrams, heads)
-        model = Model(encoder, copy.deepcopy(dict(teacher.heads.items())))
+        if bigrams or attention is not None:
+            encoder = student_bert.student_bert(encoder, bigrams, attention)
+        if fresh_head:
+            with seeded(seed):
+                model = Model(encoder, task.build_heads(encoder.config.hidden_size))
+        else:
+            model = Model(encoder, copy.deepcopy(dict(teacher.heads.items())))
     else:
         if kind == "conv":
             from zhie.encoders.conv import conv_student
