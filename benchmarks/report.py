@@ -310,6 +310,7 @@ def students_table(section: str = "s/") -> str:
                 kind = (f"{r['layers']} layers ({r['keep_layers']})"
                         + (f", feed-forward {r['ffn_width']}" if r.get("ffn_width") else "")
                         + (f", {r['attention_heads']} heads" if r.get("attention_heads") else "")
+                        + (f", {r['head']}" if r.get("head") else "")
                         if r["student"] == "cut" else
                         (f"{r['student']} {r['layers']} x {r['width']}" if r.get("width") else
                          f"{r['student']}, {r['layers']} layers") + (f", {r['head']}" if r.get("head") else ""))
