@@ -142,7 +142,8 @@ def main() -> None:
     p.add_argument("--dilations", type=dilation_list, default=None, help="--student conv: e.g. 1,2,4,8")
     p.add_argument("--bigrams", type=int, default=0, help="--student conv or cut: rows of the hashed bigram table")
     p.add_argument("--head", default=None,
-                   help="another head of the teacher's output type, fresh: egp for a gp teacher (default: the teacher's)")
+                   help="another head of the teacher's output type, fresh: egp for a gp teacher (default: the "
+                        "teacher's)")
     p.add_argument("--wiki-sentences", type=int, default=0, help="the first N sentences of corpus/wiki.txt")
     p.add_argument("--medical-sentences", type=int, default=0,
                    help="the first N sentences of corpus/medical.txt (patients' questions, doctors' answers)")
