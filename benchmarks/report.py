@@ -314,7 +314,8 @@ def students_table(section: str = "s/") -> str:
                         if r["student"] == "cut" else
                         (f"{r['student']} {r['layers']} x {r['width']}" if r.get("width") else
                          f"{r['student']}, {r['layers']} layers") + (f", {r['head']}" if r.get("head") else ""))
-                kind += f", bigrams {r['bigrams']:,}" if r.get("bigrams") else ""
+                kind += (f", bigrams {r['bigrams']:,}" if r.get("bigrams") else "") + (
+                    f", {r['adversarial'].upper()}" if r.get("adversarial") else "")
                 steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
             else:  # the teacher's row (benchmarks/ner.py)
                 kind, steps = f"teacher, 12 layers, {r['head']}", None

@@ -594,3 +594,23 @@ def test_a_student_matching_the_teachers_hidden_states_stores_them_once_and_agre
     assert calls == [1]  # a finished run reads its stored states back
     with pytest.raises(ValueError, match="one --teacher"):
         distill_student([teacher, teacher], ner_files / "train.jsonl", out=tmp_path / "e", hidden_weight=1.0, **args)
+
+
+def test_the_distill_command_trains_a_student_adversarially_when_asked(ner_files, tmp_path):
+    """``zhie distill --teacher … --adversarial fgm``: the student's training config records FGM and the student differs
+    from the one trained the same way without it (the perturbed second pass changes every step); the MTMT student
+    refuses the flag."""
+    from zhie.cli import main
+
+    teacher = trained("ner-gp")
+    common = ["distill", "--teacher", str(teacher), "--train", str(ner_files / "train.jsonl"), "--encoder-layers", "1",
+              "--epochs", "1", "--lr", "2e-3", "--seed", "0", "--quiet"]
+    assert main([*common, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*common, "--out", str(tmp_path / "fgm"), "--adversarial", "fgm", "--adv-epsilon", "0.5"]) == 0
+    record = json.loads((tmp_path / "fgm" / "best" / "training.json").read_text(encoding="utf-8"))
+    assert (record["train_config"]["adversarial"], record["train_config"]["adv_epsilon"]) == ("fgm", 0.5)
+    plain, fgm = (zhie.load(tmp_path / d / "best").model.encoder.encoder.layer[0].output.dense.weight
+                  for d in ("plain", "fgm"))
+    assert not torch.allclose(plain, fgm)
+    assert main(["distill", "--recognizer", str(teacher), "--evaluator", str(teacher), "--target",
+                 str(ner_files / "unlabelled.txt"), "--out", str(tmp_path / "m"), "--adversarial", "fgm"]) == 2
