@@ -61,15 +61,19 @@ def test_predict_from_an_export_without_torch(venv_bin, tmp_path, kind):
     assert json.dumps(got, sort_keys=True, ensure_ascii=False) == json.dumps(want, sort_keys=True, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("student", ["conv", "narrow"])
+STUDENTS = {"conv": dict(student="conv", encoder_layers=3, width=64),
+            "narrow": dict(student="narrow", encoder_layers=2, width=64),
+            "pruned cut": dict(student="cut", encoder_layers=2, attention_heads=1, bigrams=97)}
+
+
+@pytest.mark.parametrize("student", list(STUDENTS))
 def test_a_fast_students_int8_export_predicts_without_torch(venv_bin, tmp_path, student):
     from zhie.training import TrainConfig
     from zhie.training.students import distill_student
 
     write_ner_jsonl(nested_corpus(120, seed=1), tmp_path / "train.jsonl")
-    distill_student([trained("ner-gp")], tmp_path / "train.jsonl", out=tmp_path / "s", student=student,
-                    encoder_layers=3 if student == "conv" else 2, width=64, head="egp",
-                    config=TrainConfig(epochs=8, lr=2e-3, batch_size=16), progress=False)
+    distill_student([trained("ner-gp")], tmp_path / "train.jsonl", out=tmp_path / "s", head="egp",
+                    config=TrainConfig(epochs=8, lr=2e-3, batch_size=16), progress=False, **STUDENTS[student])
     out = export(tmp_path / "s" / "best", tmp_path / "onnx", quantize="int8")
     done = run(venv_bin, "predict", str(out), *TEXTS)
     assert done.returncode == 0, done.stderr
