@@ -286,6 +286,13 @@ def test_a_student_with_narrower_feed_forward_blocks_agrees_saves_and_resumes(ne
     assert len(stored["ffn_activity"]) == zhie.load(teacher).model.encoder.config.num_hidden_layers
     monkeypatch.setattr(students, "teacher_targets", lambda *a, **k: pytest.fail("the teacher ran again"))
     distill_student([teacher], ner_files / "train.jsonl", **args)  # finished: the stored activity is enough
+    # reused outputs without the head activity: measured by a pass of the encoder alone, the targets not run again
+    distill_student([teacher], ner_files / "train.jsonl", **{**args, "out": tmp_path / "h", "ffn_width": None,
+                                                             "attention_heads": 1, "targets_from": tmp_path / "s",
+                                                             "config": _config(1)})
+    reused = torch.load(tmp_path / "h" / students.TARGETS, weights_only=False)
+    assert len(reused["head_activity"]) == len(stored["ffn_activity"])
+    assert all(torch.equal(a.target[1], b.target[1]) for a, b in zip(reused["lessons"], stored["lessons"]))
     with pytest.raises(ValueError, match="student.ffn_width: 128 -> 64"):
         distill_student([teacher], ner_files / "train.jsonl", **{**args, "ffn_width": 64})
     with pytest.raises(ValueError, match="--ffn-width narrows the teacher's layers"):

@@ -30,7 +30,7 @@ import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,20 +169,39 @@ def item_batches(task, items: list, batch_size: int, progress: bool, what: str) 
 
 @torch.no_grad()
 def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
-                    progress: bool = False, activities: Sequence[encoders.Activity] = ()) -> list:
+                    progress: bool = False) -> list:
     """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order, in the
-    batches of :func:`item_batches`. ``activities`` (hooked on the teacher's encoder, or on an ensemble's first) count
-    their units' activity meanwhile."""
+    batches of :func:`item_batches`."""
     task, model = teacher.task, teacher.model
     targets: list = [None] * len(items)
     for idx, batch in item_batches(task, items, batch_size, progress, "teacher targets"):
-        for activity in activities:
-            activity.mask = batch["attention_mask"]
         output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                        heads=[task.head_name])[task.head_name]
         for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
             targets[i] = target
     return targets
+
+
+ACTIVITY_ITEMS = 4000  # the items whose activations rank the units that a narrowed cut student keeps
+
+
+@torch.no_grad()
+def unit_activity(encoder: nn.Module, task, items: list, measures: dict, device: torch.device,
+                  progress: bool = False) -> dict[str, list[Tensor]]:
+    """``{name: each layer's mean activity}`` of the units of ``encoder`` (the teacher's, or an ensemble's first) that
+    each ``measures[name]`` (an :class:`zhie.encoders.Activity` class: feed-forward neurons, attention heads) counts,
+    over a pass of the encoder alone on the first :data:`ACTIVITY_ITEMS` of ``items`` (the training windows come
+    first)."""
+    activities = {name: kind(encoder) for name, kind in measures.items()}
+    try:
+        for _, batch in item_batches(task, items[:ACTIVITY_ITEMS], 64, progress, "unit activity"):
+            for activity in activities.values():
+                activity.mask = batch["attention_mask"]
+            encoder(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
+    finally:
+        for activity in activities.values():
+            activity.close()
+    return {name: activity.means() for name, activity in activities.items()}
 
 
 @torch.no_grad()
@@ -232,8 +251,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
 
     ``student`` (:func:`student_model`): ``"cut"`` keeps the teacher layers of :func:`student_layers`
     (``keep_layers``, ``encoder_layers``), their feed-forward blocks narrowed to ``ffn_width`` neurons if given
-    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, measured with the teacher's targets),
-    their attention to ``attention_heads`` heads if given (by their contribution on the items,
+    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, :func:`unit_activity`), their attention
+    to ``attention_heads`` heads if given (by their contribution on the items,
     :class:`zhie.encoders.student_bert.HeadActivity`), with a table of ``bigrams`` hashed character bigrams if given
     (zeros at first; both make it a :class:`zhie.encoders.student_bert.StudentBertModel`);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
@@ -331,21 +350,22 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
         if is_main_process():
             (out / TARGETS).parent.mkdir(parents=True, exist_ok=True)
             atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
-    measures = {"ffn_activity": encoders.FfnActivity if ffn_width is not None else None,
-                "head_activity": student_bert.HeadActivity if attention_heads is not None else None}
-    measures = {name: kind for name, kind in measures.items() if kind is not None}
-    if stored is None or any(name not in stored for name in measures):
+    if stored is None:
         items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
-        activities = {name: kind(first.encoder) for name, kind in measures.items()}
-        targets = teacher_targets(teacher, items, 64, temperature, device, progress, list(activities.values()))
+        targets = teacher_targets(teacher, items, 64, temperature, device, progress)
         stored = {"identity": identity, "lessons": [Lesson(it, t) for it, t in zip(items, targets)]}
-        for name, activity in activities.items():
-            stored[name] = activity.means()
-            activity.close()
         if is_main_process():
             path = out / TARGETS
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, lambda f: torch.save(stored, f))
+    measures = {name: kind for name, kind, wanted in (("ffn_activity", encoders.FfnActivity, ffn_width),
+                                                      ("head_activity", student_bert.HeadActivity, attention_heads))
+                if wanted is not None and name not in stored}
+    if measures:
+        stored = {**stored, **unit_activity(first.encoder, teacher.task, [les.item for les in stored["lessons"]],
+                                            measures, device, progress)}
+        if is_main_process():
+            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
     if hidden_weight and stored["lessons"] and stored["lessons"][0].hidden is None:
         states = teacher_hidden(teacher, [les.item for les in stored["lessons"]], 64, device, progress)
         stored = {**stored, "lessons": [Lesson(les.item, les.target, h) for les, h in zip(stored["lessons"], states)]}
