@@ -5,7 +5,9 @@ The recipe (TextBrewer's and PaddleNLP's lesson: soft targets from the teacher o
 1. The teacher: one model directory, or several (seeds of one training: an :class:`~zhie.model.Ensemble`, outputs
    averaged).
 2. The student: the teacher's encoder cut to the layers ``keep_layers`` (:func:`student_layers`: the first N, or N
-   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads; or
+   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads, its
+   layers narrowed if asked (feed-forward neurons, attention heads: those most active on the items,
+   :func:`unit_activity`) and a table of character bigrams added if asked (:mod:`zhie.encoders.student_bert`); or
    a convolutional encoder over the teacher's embeddings; or a narrower transformer over them (``narrow``:
    :func:`narrow_student`); or the teacher's architecture started again from the encoder it was fine-tuned from
    (``fresh``, born-again distillation: :func:`fresh_encoder`). Always the same task,
