@@ -444,23 +444,19 @@ def student_model(teacher: Model, task, kind: str, kept: list[int] | None, block
             encoders.prune_ffn(encoder, *ffn)
         if bigrams or attention is not None:
             encoder = student_bert.student_bert(encoder, bigrams, attention)
-        if fresh_head:
-            with seeded(seed):
-                model = Model(encoder, task.build_heads(encoder.config.hidden_size))
-        else:
-            model = Model(encoder, copy.deepcopy(dict(teacher.heads.items())))
-    else:
-        if kind == "conv":
-            from zhie.encoders.conv import conv_student
+        if not fresh_head:
+            return Model(encoder, copy.deepcopy(dict(teacher.heads.items()))).cpu().train()
+    elif kind == "conv":
+        from zhie.encoders.conv import conv_student
 
-            encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations,
-                                   bigram_buckets=bigrams, seed=seed)
-        elif kind == "narrow":
-            encoder = narrow_student(teacher.encoder, width, blocks, seed)
-        else:
-            encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
-        with seeded(seed):
-            model = Model(encoder, task.build_heads(encoder.config.hidden_size))
+        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations,
+                               bigram_buckets=bigrams, seed=seed)
+    elif kind == "narrow":
+        encoder = narrow_student(teacher.encoder, width, blocks, seed)
+    else:
+        encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
+    with seeded(seed):
+        model = Model(encoder, task.build_heads(encoder.config.hidden_size))
     return model.cpu().train()
 
 
