@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("onnxruntime", reason="the export extra (onnx, onnxruntime, onnxscript) is not installed")
 pytest.importorskip("onnxscript", reason="torch.onnx.export (dynamo) needs onnxscript")
@@ -109,22 +110,39 @@ def test_nested_spans_come_back_from_the_export(exported):
 @pytest.mark.parametrize("exported", ["ner-gp"], indirect=True)
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs a process that may run on two CPUs or more")
-def test_an_export_runs_one_thread_per_allowed_cpu_and_its_threads_do_not_spin(exported):
-    """Under taskset or a cpuset the session runs as many intra-op threads as the process may use CPUs (onnxruntime's
-    own default counts the machine's cores: two threads on one CPU); on the whole machine it keeps onnxruntime's
-    default (0). Its idle threads never spin (they took the CPUs from the Python work between two calls)."""
+def test_an_export_runs_one_single_threaded_run_per_allowed_cpu_and_never_spins(exported):
+    """Under taskset or a cpuset an export splits a batch over as many runs as the process may use CPUs, on the whole
+    machine over all of them; each run is single-threaded (its session has one intra-op thread), which never spins."""
     _, _, out = exported
     allowed = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {min(allowed)})
-        pinned = OnnxModel(out).session.get_session_options()
+        pinned = OnnxModel(out)
     finally:
         os.sched_setaffinity(0, allowed)
-    whole = OnnxModel(out).session.get_session_options()
-    assert pinned.intra_op_num_threads == 1 and whole.intra_op_num_threads == 0
-    assert OnnxModel(out, threads=3).session.get_session_options().intra_op_num_threads == 3
-    for options in (pinned, whole):
+    whole = OnnxModel(out)
+    assert (pinned.threads, whole.threads, OnnxModel(out, threads=3).threads) == (1, len(allowed), 3)
+    assert pinned.pool is None
+    for model in (pinned, whole):
+        options = model.session.get_session_options()
+        assert options.intra_op_num_threads == 1
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        OnnxModel(out, threads=0)
+
+
+def test_a_batch_split_over_runs_answers_as_one_run(exported):
+    """Every kind's outputs are batch first: the rows of a batch split over three runs at once come back in order,
+    the same as one run of the whole batch (fp32 exports)."""
+    kind, source, out = exported
+    task = zhie.load(source).task
+    inputs = check_inputs(task, [t[:40] for t in TEXTS])  # 7 rows: parts of 2, 2 and 3
+    arrays = [OnnxModel(out, threads=n).arrays(inputs["input_ids"].numpy(), inputs["attention_mask"].numpy())
+              for n in (1, 3)]
+    flat = [[a for value in got.values() for a in (value.values() if isinstance(value, dict) else [value])]
+            for got in arrays]
+    assert [a.shape for a in flat[0]] == [a.shape for a in flat[1]] and flat[0][0].shape[0] == 7
+    assert largest_difference([torch.from_numpy(a) for a in flat[0]], flat[1]) <= 1e-5, kind
 
 
 @pytest.mark.parametrize("exported", ["ner-gp"], indirect=True)

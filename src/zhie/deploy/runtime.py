@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,9 +35,15 @@ class OnnxModel:
     """An exported graph in an onnxruntime session, answering :meth:`arrays` as :class:`zhie.model.Model` does.
 
     ``heads``: the head names it answers for (default: all of the graph's; :meth:`view` narrows them, sharing the
-    session). ``threads``: onnxruntime's intra-op threads (None: :func:`default_threads`). Runs on the CPU, in fp32.
+    session). Runs on the CPU, in fp32.
 
-    The session is :func:`session`'s.
+    ``threads`` (None: :func:`cpus`, the CPUs this process may use): :meth:`arrays` splits a batch's rows into that
+    many parts and runs them at once, each as one single-threaded run of one session (:func:`session` with one
+    thread), in this thread and a pool of ``threads - 1``. onnxruntime's own intra-op threads split each operator of
+    one run instead, and wait for each other at every one: over the CLUENER texts in batches of 32 on 2 cores, two
+    single-threaded runs of half a batch took 0.76x the time of one two-threaded run for the 128-wide convolutional
+    student's int8 graph, 0.87x for a 4-layer e5-small cut and 0.89x for the 12-layer one (benchmarks/RESULTS.md,
+    "Two runs at once"). A one-row call runs in one thread.
     """
 
     runtime = "onnxruntime"
@@ -53,14 +60,18 @@ class OnnxModel:
         except (ValueError, KeyError, TypeError) as err:  # not UTF-8, not JSON, or not an export's record
             raise ValueError(f"{directory / EXPORT_FILE}: not an export's record ({err!r}); {again}") from None
         self.heads = list(self.layout)
+        self.threads = cpus() if threads is None else threads
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1 ({threads} given)")
         try:
-            self.session = session(graph, threads)
+            self.session = session(graph, 1)
         except Exception as err:  # onnxruntime's own errors (InvalidProtobuf, NoSuchFile, ...) derive from Exception
             raise ValueError(f"{graph}: onnxruntime cannot load the graph ({err}); {again}") from None
         self.weights = load_weights(load_file, directory / HEAD_FILE)
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         self.encoder_config = SimpleNamespace(**config)  # what GET /info reports (model_type)
         self.directory = directory
+        self.pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="zhie-onnx") if self.threads > 1 else None
 
     def to(self, device) -> OnnxModel:
         if str(device) != "cpu":
@@ -78,10 +89,22 @@ class OnnxModel:
         """``{head: output}`` for ``heads`` (default: this model's): fp32 arrays, a dataclass output (GPLinker's) as
         ``{field: array}``."""
         feeds = {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, attention_mask))}
-        arrays = iter(self.session.run(None, feeds))
+        arrays = iter(self.run(feeds))
         outputs = {name: next(arrays) if fields is None else {f: next(arrays) for f in fields}
                    for name, fields in self.layout.items()}
         return {name: outputs[name] for name in (self.heads if heads is None else heads)}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """The graph's outputs for ``feeds`` (batch first, as every output of zhie's graphs), the rows split over
+        :attr:`threads` runs at once (see the class)."""
+        parts = min(self.threads, len(feeds[INPUTS[0]]))
+        if parts < 2:
+            return self.session.run(None, feeds)
+        cuts = np.linspace(0, len(feeds[INPUTS[0]]), parts + 1).astype(int)
+        chunks = [{k: v[a:b] for k, v in feeds.items()} for a, b in zip(cuts[:-1], cuts[1:])]
+        later = [self.pool.submit(self.session.run, None, chunk) for chunk in chunks[1:]]
+        outputs = [self.session.run(None, chunks[0])] + [f.result() for f in later]
+        return [np.concatenate(rows) for rows in zip(*outputs)]
 
     def head_weights(self, name: str) -> dict[str, np.ndarray]:
         """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) from ``head.safetensors``."""
@@ -123,8 +146,13 @@ def default_threads() -> int | None:
     """The intra-op threads of a session: the CPUs this process may run on when it may not run on all of the machine's
     (``taskset``, a container's cpuset; onnxruntime 1.32 counts the machine's cores and starts two threads on one
     allowed CPU), else None (onnxruntime's default, one per physical core)."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return allowed if allowed is not None and allowed < (os.cpu_count() or allowed) else None
+    allowed = cpus()
+    return allowed if allowed < (os.cpu_count() or allowed) else None
+
+
+def cpus() -> int:
+    """The CPUs this process may run on (``taskset``, a container's cpuset), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def load_export(path: str | os.PathLike, threads: int | None = None):
