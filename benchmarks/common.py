@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -43,6 +44,29 @@ def machine_lock(directory: Path = CAMPAIGN_DIR):
         yield
     finally:
         lock.release()
+
+
+# Runs a command and prints ``[wall seconds, peak resident KiB, exit code]``. A child's ``ru_maxrss`` is at least its
+# parent's resident size at the fork (Linux's exec keeps the old image's high-water mark), so a benchmark that has
+# imported torch (~300 MB) saw every command it ran as that large; this small process forks the command instead.
+LAUNCHER = """import json, os, subprocess, sys, time
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps([time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status)]))"""
+
+
+def run_measured(argv: list[str]) -> tuple[float, float]:
+    """``(wall seconds, peak resident MiB)`` of one process running ``argv`` to its end (its output discarded), measured
+    from a small launcher (:data:`LAUNCHER`): the command's own peak, not the benchmark's. Exits with the command's
+    error output if it fails."""
+    done = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise SystemExit(f"{' '.join(argv)}: the launcher failed: {done.stderr[-2000:]}")
+    wall, kib, code = json.loads(done.stdout)
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv)} failed (exit {code}): {done.stderr[-2000:]}")
+    return wall, kib / 1024
 
 
 def peak_memory_mb() -> float:

@@ -5,7 +5,8 @@ or, with ``--api``, the Python API's ``Pipeline.stream`` over the lines of the f
     python benchmarks/stream.py --api --sizes 2000 200000
 
 Each run is a separate process (``python -m zhie.cli predict ...``); its peak resident set size comes from the kernel
-(``os.wait4``'s ``ru_maxrss``), its time from the wall clock, its output is checked line for line (count and order).
+(``os.wait4``'s ``ru_maxrss``, from a small launcher: ``common.run_measured``), its time from the wall clock, its
+output is checked line for line (count and order).
 The model is a tiny GP model (zhie's ``tiny`` encoder: 2 layers, hidden 64) trained here for one epoch on zhie's demo
 sentences, unless ``--model`` names one; the input repeats the demo sentences, with one text in 100 a long one
 (several windows). Streaming holds one chunk (``--chunk-lines``) at a time, so the peak should not grow with the
@@ -17,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import date
 from pathlib import Path
 
-from common import append_result, machine, machine_lock
+from common import append_result, machine, machine_lock, run_measured
 
 import zhie
 from zhie import demo
@@ -70,18 +69,13 @@ def run(model: Path, lines: int, work: Path, args) -> dict:
     if args.api:
         command = [sys.executable, "-c", API, str(model), str(source), str(out), str(args.chunk_lines),
                    str(args.batch_size)]
-    start = time.perf_counter()
-    process = subprocess.Popen(command)
-    _, status, usage = os.wait4(process.pid, 0)
-    seconds = time.perf_counter() - start
-    if status != 0:
-        raise SystemExit(f"{' '.join(command)} failed with status {status}")
+    seconds, peak_mb = run_measured(command)
     with source.open(encoding="utf-8") as a, out.open(encoding="utf-8") as b:
         count = sum(1 for text, row in zip(a, b, strict=True) if json.loads(row)["text"] == text.rstrip("\n"))
     if count != lines:
         raise SystemExit(f"{out}: {count} of {lines} lines in input order")
     out.unlink()
-    return {"lines": lines, "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "seconds": round(seconds, 1),
+    return {"lines": lines, "peak_rss_mb": round(peak_mb, 1), "rss_measured": "own", "seconds": round(seconds, 1),
             "lines_per_s": round(lines / seconds, 1), "chunk_lines": args.chunk_lines, "batch_size": args.batch_size,
             "model": args.model or "tiny GP (2 layers, hidden 64), trained 1 epoch on demo sentences",
             "torch_threads": os.environ.get("OMP_NUM_THREADS", "default"), "machine": machine(),

@@ -24,12 +24,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import DATA, append_result, machine, machine_lock
+from common import DATA, append_result, machine, machine_lock, run_measured
 from ner import dataset_files
 from peer_predict import PEERS
 from roofline import encoder_flops, int8_matmul_peak, matmul_peak
@@ -40,17 +39,6 @@ from zhie.data.cws import read_segmented
 
 DATASETS = ("cluener", "peoples_daily", "cmeee", "sxu")
 EXPORTS = {"fp32": [], "int8": ["--quantize", "int8", "--per-channel", "--reduce-range"]}
-
-
-def timed(argv: list[str]) -> tuple[float, float]:
-    """``(wall seconds, peak resident MiB)`` of one process running ``argv`` (which must succeed)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall, usage.ru_maxrss / 1024
 
 
 def size_mb(directory: Path) -> float:
@@ -128,7 +116,7 @@ def record(args, name: str, variant: str, path: Path, texts: list[str], f1: floa
         "dev_f1": f1, "texts": len(texts), "characters": sum(map(len, texts)),
         "sentences_per_s": len(texts) / best, "characters_per_s": sum(map(len, texts)) / best,
         "walls_s": [round(w, 3) for w, _ in runs], "cold_start_s": round(cold, 3),
-        "peak_rss_mb": round(max(m for _, m in runs)), "size_mb": round(size_mb(path), 1),
+        "peak_rss_mb": round(max(m for _, m in runs)), "rss_measured": "own", "size_mb": round(size_mb(path), 1),
         "batch_size": args.batch_size, "load_before": load, "load_after": os.getloadavg(),
         "machine": machine(), "date": date.today().isoformat(), "command": "python " + " ".join(sys.argv)})
     f1_text = "–" if f1 is None else f"{f1:.4f}"
@@ -168,8 +156,8 @@ def main() -> None:
             f1 = scores["micro"]["f1"] if "micro" in scores else scores["f1"]  # NER's micro average; CWS's word F1
             predict = ["zhie", "predict", str(path), "--input", str(out / "texts.txt"), "--output",
                        str(out / "out.jsonl"), "--batch-size", str(args.batch_size)]
-            runs = [timed(predict) for _ in range(args.runs)]
-            cold = min(timed(["zhie", "predict", str(path), texts[0]])[0] for _ in range(args.runs))
+            runs = [run_measured(predict) for _ in range(args.runs)]
+            cold = min(run_measured(["zhie", "predict", str(path), texts[0]])[0] for _ in range(args.runs))
             config_file = Path(path) / "config.json"  # the variant's: an export's encoder may be folded
             config = SimpleNamespace(**json.loads(config_file.read_text())) if config_file.exists() else None
             flops = (encoder_flops(config, [len(t) + 2 for t in texts])
@@ -184,15 +172,15 @@ def main() -> None:
         name, _, python = spec.partition("=")
         load = os.getloadavg()
         predict = [python, script, name, "--input", str(out / "texts.txt"), "--output", str(out / "out.jsonl")]
-        runs = [timed(predict) for _ in range(args.runs)]
+        runs = [run_measured(predict) for _ in range(args.runs)]
         key, module, _ = PEERS[name]
         if (key == "words") != (args.dataset == "sxu"):
             raise SystemExit(f"--peer {name}: a {'segmenter' if key == 'words' else 'NER peer'} does not fit the "
                              f"{args.dataset} set")
         f1 = peer_f1(gold, out / "out.jsonl", key)
         (out / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
-        cold = min(timed([python, script, name, "--input", str(out / "one.txt"), "--output", str(out / "one.jsonl")])[0]
-                   for _ in range(args.runs))
+        one = [python, script, name, "--input", str(out / "one.txt"), "--output", str(out / "one.jsonl")]
+        cold = min(run_measured(one)[0] for _ in range(args.runs))
         package = subprocess.run([python, "-c", f"import os, {module}; print(os.path.dirname({module}.__file__))"],
                                  check=True, capture_output=True, text=True).stdout.strip()
         record(args, name, "peer", Path(package), texts, f1, runs, cold, load, layers=None)

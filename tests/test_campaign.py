@@ -297,3 +297,18 @@ def test_a_students_teacher_is_trained_when_missing_or_not_yet_finished(tmp_path
     assert students.teachers(args, tmp_path / "train.json", tmp_path / "dev.json") == [
         d / "cluener-gp" / "best" for d in run]
     assert ran == [str(run[0]), str(run[1])]
+
+
+def test_a_measured_command_reports_its_own_peak_memory_not_the_benchmarks():
+    """``common.run_measured``: a benchmark that holds ~400 MB runs a command that touches 64 MB; the command's peak
+    is reported (a child forked by the benchmark itself would report at least the benchmark's size), with its wall
+    time, and a failing command exits with its error output."""
+    common = _benchmark("common")
+    held = bytearray(400 * 2**20)
+    held[::4096] = b"\1" * len(held[::4096])  # resident, not only reserved
+    touch = "b = bytearray(64 * 2**20); b[::4096] = b'\\1' * len(b[::4096]); import time; time.sleep(0.2)"
+    wall, peak_mb = common.run_measured([sys.executable, "-c", touch])
+    assert 64 < peak_mb < 200 and wall >= 0.2
+    with pytest.raises(SystemExit, match="exit 3.*went wrong"):
+        common.run_measured([sys.executable, "-c", "import sys; sys.stderr.write('went wrong'); sys.exit(3)"])
+    del held
