@@ -4,14 +4,13 @@
         --targets-from RUNS/s__cluener__student-conv-scaled-128x4-egp-wiki20k__s1/student --layers 4 \\
         --ffn-width 768 --attention-heads 6 --sizes 1000 2000 4000 16000
 
-``zhie distill`` ranks the feed-forward neurons (:class:`zhie.encoders.FfnActivity` times the norm of each neuron's
-output weights, as :func:`zhie.encoders.prune_ffn`) and the attention heads
+``zhie distill`` ranks the feed-forward neurons (:func:`zhie.encoders.ffn_importance`) and the attention heads
 (:class:`zhie.encoders.student_bert.HeadActivity`) of the layers it keeps on the first
-:data:`zhie.training.students.ACTIVITY_ITEMS` (4,000) items, training windows first. Here the same measures run over
-the first N items of a distillation's stored items (``--targets-from``: its ``teacher/targets.pt``) for each N of
-``--sizes``, through the teacher's encoder cut to its first ``--layers`` layers (which computes those layers' outputs
-exactly); each row says, per layer, what share of the units kept at N is also kept at the largest N. One JSON line
-per N in ``results/activity_sample.jsonl``.
+:data:`zhie.training.students.ACTIVITY_ITEMS` (4,000) items, training windows first. Here the same measures
+(:func:`zhie.training.students.unit_activity`) run over the first N items of a distillation's stored items
+(``--targets-from``: its ``teacher/targets.pt``) for each N of ``--sizes``, through the teacher's encoder cut to its
+first ``--layers`` layers (which computes those layers' outputs exactly); each row says, per layer, what share of the
+units kept at N is also kept at the largest N. One JSON line per N in ``results/activity_sample.jsonl``.
 """
 
 from __future__ import annotations
@@ -25,24 +24,9 @@ import torch
 from common import append_result, machine, machine_lock
 
 import zhie
-from zhie.encoders import FfnActivity, ffn_layers, truncate_layers
+from zhie.encoders import FfnActivity, ffn_importance, truncate_layers
 from zhie.encoders.student_bert import HeadActivity
-from zhie.training.students import TARGETS, item_batches
-
-
-def activities(encoder, task, items: list) -> tuple[list, list]:
-    """(each layer's neuron importance as ``prune_ffn`` ranks it, each layer's head activity) over ``items``."""
-    ffn, heads = FfnActivity(encoder), HeadActivity(encoder)
-    try:
-        with torch.no_grad():
-            for _, batch in item_batches(task, items, 64, False, "activity"):
-                ffn.mask = heads.mask = batch["attention_mask"]
-                encoder(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-    finally:
-        ffn.close()
-        heads.close()
-    down = [layer.output.dense.weight.norm(dim=0) for layer in ffn_layers(encoder)]
-    return [a * d for a, d in zip(ffn.means(), down)], heads.means()
+from zhie.training.students import TARGETS, unit_activity
 
 
 def kept(scores: list, k: int) -> list[set]:
@@ -67,8 +51,10 @@ def main() -> None:
         results = {}
         for n in sizes:
             start = time.perf_counter()
-            ffn, heads = activities(encoder, teacher.task, items[:n])
-            results[n] = (kept(ffn, args.ffn_width), kept(heads, args.attention_heads), time.perf_counter() - start)
+            activity = unit_activity(encoder, teacher.task, items, {"ffn": FfnActivity, "heads": HeadActivity},
+                                     torch.device("cpu"), limit=n)
+            results[n] = (kept(ffn_importance(encoder, activity["ffn"]), args.ffn_width),
+                          kept(activity["heads"], args.attention_heads), time.perf_counter() - start)
         ffn_ref, heads_ref, _ = results[sizes[-1]]
         for n in sizes:
             ffn_kept, heads_kept, seconds = results[n]

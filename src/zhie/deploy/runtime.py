@@ -98,14 +98,15 @@ class OnnxModel:
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The graph's outputs for ``feeds`` (batch first, as every output of zhie's graphs), the rows split over
         :attr:`threads` runs at once (see the class)."""
-        parts = min(self.threads, len(feeds[INPUTS[0]]))
+        rows = len(feeds[INPUTS[0]])
+        parts = min(self.threads, rows)
         if parts < 2:
             return self.session.run(None, feeds)
-        cuts = np.linspace(0, len(feeds[INPUTS[0]]), parts + 1).astype(int)
+        cuts = np.linspace(0, rows, parts + 1).astype(int)
         chunks = [{k: v[a:b] for k, v in feeds.items()} for a, b in zip(cuts[:-1], cuts[1:])]
         later = [self.pool.submit(self.session.run, None, chunk) for chunk in chunks[1:]]
         outputs = [self.session.run(None, chunks[0])] + [f.result() for f in later]
-        return [np.concatenate(rows) for rows in zip(*outputs)]
+        return [np.concatenate(part) for part in zip(*outputs)]
 
     def head_weights(self, name: str) -> dict[str, np.ndarray]:
         """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) from ``head.safetensors``."""

@@ -306,6 +306,17 @@ def ffn_layers(model: nn.Module, flag: str = "--ffn-width") -> nn.ModuleList:
     return stack
 
 
+def ffn_importance(model: nn.Module, activity: Sequence[Tensor]) -> list[Tensor]:
+    """Each feed-forward neuron's importance, per layer (:func:`ffn_layers`): ``activity[layer][j]`` (its mean absolute
+    activation, :class:`FfnActivity`) times the norm of its output weights, what :func:`prune_ffn` keeps the most of."""
+    stack = ffn_layers(model)
+    if len(activity) != len(stack):
+        raise ValueError(f"{len(activity)} activity vectors for {len(stack)} layers")
+    with torch.no_grad():
+        return [act.to(layer.output.dense.weight) * layer.output.dense.weight.norm(dim=0)
+                for layer, act in zip(stack, activity)]
+
+
 def prune_ffn(model: nn.Module, width: int, activity: Sequence[Tensor]) -> nn.Module:
     """Keep ``width`` of the feed-forward neurons of every layer (:func:`ffn_layers`); in place. A neuron's
     importance is ``activity[layer][j]`` (its mean absolute activation over real tokens of the training text,
@@ -315,14 +326,12 @@ def prune_ffn(model: nn.Module, width: int, activity: Sequence[Tensor]) -> nn.Mo
     PaddleNLP's width-pruned students (then distilled)."""
     stack = ffn_layers(model)
     inner = stack[0].intermediate.dense.out_features
-    if len(activity) != len(stack):
-        raise ValueError(f"{len(activity)} activity vectors for {len(stack)} layers")
     if not 1 <= width <= inner:
         raise ValueError(f"--ffn-width {width}: the feed-forward blocks are {inner} wide; keep 1 to {inner}")
     with torch.no_grad():
-        for layer, act in zip(stack, activity):
+        for layer, score in zip(stack, ffn_importance(model, activity)):
             up, down = layer.intermediate.dense, layer.output.dense
-            keep = torch.topk(act.to(down.weight) * down.weight.norm(dim=0), width).indices.sort().values
+            keep = torch.topk(score, width).indices.sort().values
             narrow_up, narrow_down = nn.Linear(up.in_features, width), nn.Linear(width, down.out_features)
             narrow_up.weight.copy_(up.weight[keep])
             narrow_up.bias.copy_(up.bias[keep])

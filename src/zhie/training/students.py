@@ -189,14 +189,13 @@ ACTIVITY_ITEMS = 4000  # the items whose activations rank the units that a narro
 
 @torch.no_grad()
 def unit_activity(encoder: nn.Module, task, items: list, measures: dict, device: torch.device,
-                  progress: bool = False) -> dict[str, list[Tensor]]:
+                  progress: bool = False, limit: int = ACTIVITY_ITEMS) -> dict[str, list[Tensor]]:
     """``{name: each layer's mean activity}`` of the units of ``encoder`` (the teacher's, or an ensemble's first) that
     each ``measures[name]`` (an :class:`zhie.encoders.Activity` class: feed-forward neurons, attention heads) counts,
-    over a pass of the encoder alone on the first :data:`ACTIVITY_ITEMS` of ``items`` (the training windows come
-    first)."""
+    over a pass of the encoder alone on the first ``limit`` of ``items`` (the training windows come first)."""
     activities = {name: kind(encoder) for name, kind in measures.items()}
     try:
-        for _, batch in item_batches(task, items[:ACTIVITY_ITEMS], 64, progress, "unit activity"):
+        for _, batch in item_batches(task, items[:limit], 64, progress, "unit activity"):
             for activity in activities.values():
                 activity.mask = batch["attention_mask"]
             encoder(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
