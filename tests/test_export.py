@@ -129,6 +129,9 @@ def test_an_export_runs_one_single_threaded_run_per_allowed_cpu_and_never_spins(
         assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     with pytest.raises(ValueError, match="threads must be at least 1"):
         OnnxModel(out, threads=0)
+    assert zhie.load(out, threads=3).model.threads == 3  # what a process sharing the machine, a Ray actor, asks
+    with pytest.raises(ValueError, match="torch model: threads sets an export's threads"):
+        zhie.load(trained("ner-gp"), threads=1)
 
 
 def test_a_batch_split_over_runs_answers_as_one_run(exported):

@@ -97,3 +97,16 @@ def test_each_ray_task_reads_a_piece_of_a_file(local_ray, tmp_path):
                                       encoding="utf-8")
     with pytest.raises(DataError, match=r"c\.jsonl:10: a JSON line needs"):
         read_piece(pieces(str(tmp_path / "c.jsonl"), 8)[1])
+
+
+def test_a_ray_actor_runs_an_export_on_its_share_of_the_cpus(tmp_path):
+    """Each actor's export splits a batch over the CPUs Ray gave the actor (--ray-cpus, at least one), not over every
+    CPU of the machine as a process of its own would; a torch model keeps the threads Ray sets for the actor."""
+    pytest.importorskip("onnxruntime", reason="the export extra is not installed")
+    from zhie.deploy.export import export
+    from zhie.deploy.ray_predict import Predictor
+
+    source = trained("ner-gp")
+    out = export(source, tmp_path / "export")
+    assert [Predictor(str(out), "fp32", 32, None, cpus).pipe.model.threads for cpus in (0.5, 1.0, 2.0)] == [1, 1, 2]
+    assert Predictor(str(source), "fp32", 32, None, 2.0).pipe.task.name == "ner"

@@ -9,11 +9,11 @@ from zhie.version import __version__
 __all__ = ["__version__", "fit", "load"]
 
 
-def load(path, device=None, precision="fp32"):
+def load(path, device=None, precision="fp32", threads=None):
     """Load a model directory written by ``zhie train`` (see :func:`zhie.deploy.pipeline.load`)."""
     from zhie.deploy.pipeline import load as _load
 
-    return _load(path, device, precision)
+    return _load(path, device, precision, threads)
 
 
 def fit(task, train_path=None, dev_path=None, **kwargs):

@@ -5,7 +5,8 @@ a directory stands for the files in it) is cut into pieces of ``rows`` lines (:f
 lines on the driver, which keeps only where each piece starts; a Parquet file's pieces are its row groups), and each
 piece is read by one Ray task into rows ``{"file", "line", "text"}`` (``line``: the 1-based line, or the row number in
 a Parquet file). A pool of ``workers`` actors, each holding one model (one GPU
-each when the cluster has GPUs, else ``cpus_per_worker`` CPUs), maps the pipeline over batches of ``rows`` rows. The
+each when the cluster has GPUs, else ``cpus_per_worker`` CPUs, which an export's runs use and Ray's ``OMP_NUM_THREADS``
+gives torch), maps the pipeline over batches of ``rows`` rows. The
 output directory gets sharded JSON lines: ``zhie predict``'s object with ``file`` and ``line`` added, so sorting by
 ``(file, line)`` gives the input order back. A local output directory is written under a temporary name and renamed
 when every shard is written.
@@ -115,10 +116,15 @@ def bad_line(err: BaseException) -> DataError | None:
 class Predictor:
     """One model per Ray actor: a batch of rows -> the same rows with the task's prediction under its output key."""
 
-    def __init__(self, model: str, precision: str, batch_size: int, max_tokens: int | None) -> None:
+    def __init__(self, model: str, precision: str, batch_size: int, max_tokens: int | None, cpus: float) -> None:
         from zhie.deploy.pipeline import load
+        from zhie.deploy.runtime import is_export
+        from zhie.tasks.modeldir import resolve_model_dir
 
-        self.pipe = load(model, precision=precision)
+        # an export's runs take the actor's share of the CPUs, not every CPU of the machine (torch's threads follow
+        # the OMP_NUM_THREADS that Ray sets for the actor)
+        threads = max(1, int(cpus)) if is_export(resolve_model_dir(model)) else None
+        self.pipe = load(model, precision=precision, threads=threads)
         self.batch_size, self.max_tokens = batch_size, max_tokens
 
     def __call__(self, rows: pd.DataFrame) -> pd.DataFrame:
@@ -153,7 +159,8 @@ def predict_files(model: str, inputs: list[str], output: str | None, *, address:
         def write(target) -> None:
             ds = read_rows(files, rows, skip_bad_lines, input_format)
             ds = ds.map_batches(Predictor, fn_constructor_kwargs={"model": model, "precision": precision,
-                                                                 "batch_size": batch_size, "max_tokens": max_tokens},
+                                                                 "batch_size": batch_size, "max_tokens": max_tokens,
+                                                                 "cpus": cpus_per_worker},
                                 batch_size=rows, batch_format="pandas", concurrency=workers,
                                 num_gpus=1 if gpus else 0, num_cpus=cpus_per_worker)
             ds.write_json(str(target), force_ascii=False)
