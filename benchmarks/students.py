@@ -33,7 +33,7 @@ from zhie.training import TrainConfig
 from zhie.training.distill import dilation_list
 from zhie.training.loop import CHECKPOINT
 from zhie.training.report import read_metrics
-from zhie.training.students import STUDENTS, distill_student
+from zhie.training.students import STUDENTS, TARGETS, distill_student
 
 UNLABELLED = {"cluener": "ner/cluener/test.json"}  # a set's own unlabelled texts (the others: --wiki-sentences)
 CWS = {"sxu": ("cws/sxu/train.txt", "cws/sxu/test.txt")}  # word segmentation sets: (train, dev)
@@ -80,6 +80,17 @@ def teachers(args, train: Path, dev: Path) -> list[Path]:
     return [Path(t) for t in args.teacher]
 
 
+def stored_targets(run_dir: str | None) -> str | None:
+    """``run_dir`` (``--targets-from``) when it holds an earlier distillation's stored teacher outputs, else None: the
+    outputs are computed again (a fresh machine keeps no run of an earlier session; the same teachers, data and
+    settings give the same outputs, so only the time differs, and the row records which happened)."""
+    if run_dir is None or (Path(run_dir) / TARGETS).exists():
+        return run_dir
+    print(f"--targets-from {run_dir}: no stored teacher outputs there; the teacher labels the items again",
+          file=sys.stderr)
+    return None
+
+
 def run(args) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -95,6 +106,7 @@ def run(args) -> dict:
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every, adversarial=args.adversarial)
+    targets_from = stored_targets(args.targets_from)
     start = time.time()
     result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
                              unlabelled=[unlabelled], keep_layers=args.keep_layers, encoder_layers=args.layers,
@@ -103,7 +115,7 @@ def run(args) -> dict:
                              dilations=args.dilations, bigrams=args.bigrams, head=args.head,
                              hard_weight=args.hard_weight, temperature=args.temperature,
                              hidden_weight=args.hidden_weight,
-                             targets_from=args.targets_from, config=config,
+                             targets_from=targets_from, config=config,
                              progress=not args.quiet)
     history = read_metrics(out / "student" / "metrics.jsonl")
     return {"dataset": args.dataset, "teachers": [str(t) for t in teacher_dirs], "student": args.student,
@@ -111,7 +123,8 @@ def run(args) -> dict:
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student in ("conv", "narrow") else None, "ffn_width": args.ffn_width,
             "attention_heads": args.attention_heads, "adversarial": args.adversarial,
-            "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head, "targets_from": args.targets_from,
+            "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head,
+            "targets_from": targets_from,
             "wiki_sentences": args.wiki_sentences, "medical_sentences": args.medical_sentences,
             "unlabelled_texts": len(texts), "hard_weight": args.hard_weight,
             "hidden_weight": args.hidden_weight,
@@ -147,7 +160,9 @@ def main() -> None:
     p.add_argument("--wiki-sentences", type=int, default=0, help="the first N sentences of corpus/wiki.txt")
     p.add_argument("--medical-sentences", type=int, default=0,
                    help="the first N sentences of corpus/medical.txt (patients' questions, doctors' answers)")
-    p.add_argument("--targets-from", default=None, help="an earlier run's student directory: reuse its teacher outputs")
+    p.add_argument("--targets-from", default=None,
+                   help="an earlier run's student directory: reuse its teacher outputs (where it has none, they are "
+                        "computed)")
     p.add_argument("--hard-weight", type=float, default=0.5)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--hidden-weight", type=float, default=0.0, help="the hidden-state loss's weight (0: off)")

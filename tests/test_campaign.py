@@ -299,6 +299,20 @@ def test_a_students_teacher_is_trained_when_missing_or_not_yet_finished(tmp_path
     assert ran == [str(run[0]), str(run[1])]
 
 
+def test_stored_teacher_outputs_are_reused_where_they_exist_and_computed_where_not(tmp_path, capsys):
+    """``benchmarks/students.py --targets-from RUN``: a row on a fresh machine, where the run that stored the
+    teacher's outputs is gone, labels the items again instead of failing after its teacher trained; the row records
+    which happened."""
+    students = _benchmark("students")
+    stored = tmp_path / "stored"
+    (stored / students.TARGETS).parent.mkdir(parents=True)
+    (stored / students.TARGETS).write_bytes(b"")
+    assert students.stored_targets(str(stored)) == str(stored) and capsys.readouterr().err == ""
+    assert students.stored_targets(str(tmp_path / "gone")) is None
+    assert "no stored teacher outputs there" in capsys.readouterr().err
+    assert students.stored_targets(None) is None
+
+
 def test_a_measured_command_reports_its_own_peak_memory_not_the_benchmarks():
     """``common.run_measured``: a benchmark that holds ~400 MB runs a command that touches 64 MB; the command's peak
     is reported (a child forked by the benchmark itself would report at least the benchmark's size), with its wall
