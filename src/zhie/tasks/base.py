@@ -435,6 +435,9 @@ class WindowedTask(Task):
                  ) -> Iterator[tuple[int, Encoding, int, Any]]:
         """The hits of ``window_hits`` (as :meth:`window_hits` yields them) that their window reports."""
         for i, encoding, cuts, w, row in window_hits:
+            if len(cuts) == 1:  # a text of one window (most): the window reports every hit it has
+                yield from ((i, encoding, 0, hit) for hit in row)
+                continue
             a = cuts[w][0]
             for hit in row:
                 start, end = hit.extent

@@ -583,7 +583,8 @@ class NerTask(WindowedTask):
             start, end = enc.token_span_to_chars(a + hit.start, a + hit.end)
             key = (start, end, self.config.labels[hit.label])
             found[i][key] = max(hit.score, found[i].get(key, 0.0))
-        return [sorted(Span(s, e, label, text[s:e], score) for (s, e, label), score in spans.items())
+        # sorted by (start, end, label), each key once: the order of the spans, without comparing Span objects
+        return [[Span(s, e, label, text[s:e], score) for (s, e, label), score in sorted(spans.items())]
                 for text, spans in zip(texts, found)]
 
     def word_entities(self, texts: list[str], hits) -> list[list[Span]]:
