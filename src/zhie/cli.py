@@ -206,7 +206,8 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
     ray.add_argument("--ray-workers", type=positive_int, default=None,
                      help="model replicas (default: the cluster's GPUs, else 1)")
-    ray.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per worker")
+    ray.add_argument("--ray-cpus", type=float, default=1.0,
+                     help="CPUs per worker (an export splits its batches over that many, at least one)")
 
 
 def _job_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
