@@ -121,6 +121,12 @@ def seed_of(command: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def portable(line: str, tree: Path, directory: Path) -> str:
+    """A row's JSON line without this machine's paths: the runs' directories as ``RUNS/`` (as RESULTS.md names
+    them), the worktree's files relative to the repository."""
+    return line.replace(f"{directory / 'runs'}/", "RUNS/").replace(f"{tree}/", "")
+
+
 def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) -> bool:
     """Run one row to its end (or resume it); True when it finished and its line was appended."""
     out = run_dir(directory, row["key"])
@@ -168,7 +174,7 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
                                 "stderr_tail": stderr_tail}, ensure_ascii=False) + "\n")
         print(f"[campaign] {row['key']}: exit {code}\n{stderr_tail}", flush=True)
         return False
-    lines = [json.loads(line) for path in sorted((out / "results").glob("*.jsonl"))
+    lines = [json.loads(portable(line, tree, directory)) for path in sorted((out / "results").glob("*.jsonl"))
              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     record = {"key": row["key"], "commit": commit, "seed": seed_of(command), "command": row["command"],
               "cpu_s": round(sum(s.get("cpu_s", 0) for s in sessions), 1),

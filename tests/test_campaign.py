@@ -1,5 +1,6 @@
 """benchmarks/campaign.py: a plan of two tiny training runs, the second killed mid-training with its runner (as at
-the end of a session) and resumed by the next ``run``, gives the same rows as the plan run without a break."""
+the end of a session) and resumed by the next ``run``, gives the same rows as the plan run without a break, with no
+path of the machine in them."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ config = TrainConfig(epochs=3, batch_size=4, lr=2e-3, head_lr=2e-3, seed=int(sys
 result = zhie.fit("ner", out / "train.jsonl", out / "dev.jsonl", out=out / "run", encoder="tiny", head="gp",
                   max_length=32, config=config, resume=True, progress=False)
 history = read_metrics(out / "run" / "metrics.jsonl")
-row = {"n": n, "best": result["best"], "steps": result["steps"], "losses": [h["train_loss"] for h in history]}
+row = {"n": n, "best": result["best"], "steps": result["steps"], "losses": [h["train_loss"] for h in history],
+       "out": str(out), "script": str(Path(__file__).resolve())}
 results = Path(os.environ["ZHIE_RESULTS"])
 with (results / "tiny.jsonl").open("a") as f:
     f.write(json.dumps(row) + "\\n")
@@ -101,6 +103,8 @@ def test_interrupted_plan_resumes_to_the_same_rows(tmp_path):
     assert _rows(broken) == _rows(whole)
     line = json.loads((broken / "campaign.jsonl").read_text().splitlines()[1])
     assert line["sessions"] == 2 and line["seed"] == 2 and not line["cpu_s_complete"]
+    # no path of this machine: the run directory as RESULTS.md names it, the script relative to the repository
+    assert (line["results"][0]["out"], line["results"][0]["script"]) == ("RUNS/tiny__long", "benchmarks/row.py")
     assert not checkpoint.exists()  # a finished row keeps its model, not its resumable state
     status = subprocess.run(_runner(repo, broken, "status"), check=True, capture_output=True, text=True).stdout
     assert "2 done, 0 left" in status
