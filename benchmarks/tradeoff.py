@@ -7,7 +7,8 @@ process on this machine, for each model as it is (torch fp32) and as an export (
 For every model and variant: the dev F1 (``zhie eval``), sentences/s and characters/s over the set's texts
 (:func:`dataset`: CLUENER's 2,688 dev + test texts; best of ``--runs``, process start included), the cold start
 (``zhie predict VARIANT TEXT``, one short text, best of ``--runs``), the peak resident memory of the predicting
-process, and the size on disk. The exports are made once in ``OUT/exports`` (int8: ``--per-channel --reduce-range``,
+process, and the size on disk. zhie's modules are compiled to bytecode first (:func:`common.compile_zhie`), as
+the peers' are. The exports are made once in ``OUT/exports`` (int8: ``--per-channel --reduce-range``,
 the accurate setting on CPUs without VNNI). Each row appends one JSON line to ``benchmarks/results/tradeoff.jsonl``
 with the load average before and after.
 
@@ -28,7 +29,7 @@ from datetime import date
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import DATA, append_result, machine, machine_lock, run_measured
+from common import DATA, append_result, compile_zhie, machine, machine_lock, run_measured
 from ner import dataset_files
 from peer_predict import PEERS
 from roofline import encoder_flops, int8_matmul_peak, matmul_peak
@@ -139,6 +140,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev, gold, texts = dataset(args.dataset, out)
+    compile_zhie()
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
     peaks["torch"] = peaks["fp32"]
