@@ -80,6 +80,32 @@ def test_max_tokens_budget_is_held_by_the_model_calls():
     assert len(shapes) > 1 and all(rows * length <= 200 for rows, length in shapes)
 
 
+def test_the_collector_is_paused_while_a_call_predicts_and_restored_after_it():
+    """``Pipeline.predict`` and ``evaluate`` run with the cyclic garbage collector off (its passes over a call's many
+    small objects cost time) and leave it as they found it: on, off, or after an error inside."""
+    import gc
+
+    pipe = zhie.load(trained("ner-gp"))
+    seen = []
+    handle = pipe.model.encoder.register_forward_hook(lambda m, a, out: seen.append(gc.isenabled()))
+    try:
+        assert gc.isenabled()
+        pipe.predict(TEXTS[:3])
+        pipe.evaluate(nested_corpus(2, seed=5))
+        assert seen and not any(seen) and gc.isenabled()
+        gc.disable()
+        try:
+            pipe.predict(TEXTS[:1])
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+        with pytest.raises(TypeError):
+            pipe.predict([None])  # fails inside the call
+        assert gc.isenabled()
+    finally:
+        handle.remove()
+
+
 # ------------------------------------------------------------------------------------------------- streaming
 def test_predict_streams_chunks_in_input_order(tmp_path, capsys):
     model = str(trained("ner-gp"))
