@@ -83,7 +83,7 @@ class Pipeline:
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused (where it was running) while one call predicts its texts. A call makes
     a few small objects per entity or word (hits, spans, their tuples), none in a reference cycle, and keeps them
-    until it returns: the collector's passes over them took ~14 % of ``zhie predict``'s time for a word segmenter (SXU's
+    until it returns: the collector's passes over them took ~10 % of ``zhie predict``'s time for a word segmenter (SXU's
     3,654 sentences, 113,746 words). Reference counting still frees every object, and the collector runs again
     after."""
     running = gc.isenabled()
