@@ -274,6 +274,9 @@ def import_rows(plan_path: Path, results: Path, path: Path) -> int:
         if ran["command"] != device_command(row["command"]) or ran["commit"] != row["commit"]:
             raise PlanError(f"{where}: ran `{ran['command']}` at {ran['commit'][:10]}, the plan says "
                             f"`{row['command']}` at {row['commit'][:10]}")
+        if ran.get("runs"):  # the GPU machine's directories, named as on this one (portable())
+            text = json.dumps(ran["results"]).replace(f"{ran['runs']}/e5-small-pruned", ".gpu-pack/e5-small-pruned")
+            ran["results"] = json.loads(text.replace(f"{ran['runs']}/", "RUNS/"))
         records.append({"key": ran["key"], "commit": row["commit"], "seed": seed_of(row["command"]),
                         "command": row["command"], "device": ran["results"][-1]["machine"],
                         "device_command": ran["results"][-1]["command"], "parallel": ran.get("parallel"),

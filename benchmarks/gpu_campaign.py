@@ -115,6 +115,9 @@ def run_row(key: str, command: str, runs: Path, encoder: Path, commit: str, para
         except subprocess.TimeoutExpired:  # no done.json: the next call runs it again
             cut.write_text(f"{time.time() - start:.0f}")
             return
+    if rc == 0:  # as campaign.py does: a finished row keeps no resumable state (a student that finds its teacher's
+        for checkpoint in out.rglob("checkpoint.pt"):  # checkpoint.pt takes the teacher as unfinished and trains it)
+            checkpoint.unlink()
     done.write_text(json.dumps({"key": key, "commit": commit, "rc": rc, "wall_s": round(time.time() - start),
                                 "parallel": parallel, "command": command}))
 
@@ -123,6 +126,7 @@ def collect(runs: Path, out: Path) -> None:
     with (out / "gpu_rows.jsonl").open("w") as f:
         for done in sorted(runs.glob("*/done.json")):
             line = json.loads(done.read_text())
+            line["runs"] = str(runs)  # campaign.py import names its directories RUNS/ as the CPU rows do
             line["results"] = [json.loads(text) for p in sorted((done.parent / "results").glob("*.jsonl"))
                                for text in p.read_text().splitlines() if text.strip()]
             line["metrics"] = [json.loads(text) for p in sorted(done.parent.rglob("metrics.jsonl"))

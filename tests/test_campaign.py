@@ -120,7 +120,8 @@ def test_bad_plan_is_refused_with_its_place(tmp_path):
 
 def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     """gpu_campaign.py's lines join campaign.jsonl when their key, commit and command are the plan's (without the
-    checkpoints and the pruned e5-small the GPU machine runs with); a row that failed or is already in stays out;
+    checkpoints and the pruned e5-small the GPU machine runs with), its directories named as here (``RUNS/``); a
+    row that failed or is already in stays out;
     anything else is refused with its line, and nothing is appended."""
     commit = "a" * 40
     command = "{python} benchmarks/ner.py --quiet --out {run_dir} --save-every 100 --dataset cluener --head egp"
@@ -137,8 +138,9 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     assert listed.strip() == str([(f"c/x/s{s}", commit, device % s) for s in (1, 2)])  # not s3 (done), not export
 
     def ran(seed, rc=0, command=None, at=commit):
-        row = [{"machine": "NVIDIA H100 80GB HBM3", "command": "python benchmarks/ner.py --encoder /e5", "dev_f1": 0.7}]
-        return {"key": f"c/x/s{seed}", "commit": at, "rc": rc, "wall_s": 300, "parallel": 16,
+        row = [{"machine": "NVIDIA H100 80GB HBM3", "dev_f1": 0.7, "teachers": [f"/gpu/runs/c__x__s{seed}/best"],
+                "command": f"python benchmarks/ner.py --out /gpu/runs/c__x__s{seed} --encoder /gpu/runs/e5-small-pruned"}]
+        return {"key": f"c/x/s{seed}", "commit": at, "rc": rc, "wall_s": 300, "parallel": 16, "runs": "/gpu/runs",
                 "command": command or device % seed, "results": row if rc == 0 else []}
 
     def import_(*lines):
@@ -161,6 +163,9 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     line = json.loads(results.read_text().splitlines()[-1])
     assert (line["key"], line["seed"], line["command"], line["device"], line["cpu_s"]) == (
         "c/x/s1", 1, f"{command} --seed 1", "NVIDIA H100 80GB HBM3", None)
+    # the GPU machine's directories named as this machine's rows name theirs
+    assert line["device_command"] == "python benchmarks/ner.py --out RUNS/c__x__s1 --encoder .gpu-pack/e5-small-pruned"
+    assert line["results"][0]["teachers"] == ["RUNS/c__x__s1/best"]
     status = subprocess.run([sys.executable, str(CAMPAIGN), "status", "--plan", str(plan), "--results", str(results),
                              "--dir", str(tmp_path)], capture_output=True, text=True).stdout
     assert "done     c/x/s1  (5 min on NVIDIA H100 80GB HBM3" in status and "left     c/x/s2" in status
@@ -181,6 +186,9 @@ from pathlib import Path
 
 words = sys.argv
 out = Path(words[words.index("--out") + 1])
+if "--save-every" in words:  # a training's resumable state, which a finished row must not keep
+    (out / "model").mkdir(exist_ok=True)
+    (out / "model" / "checkpoint.pt").touch()
 with Path(os.environ["ZHIE_RESULTS"], "rows.jsonl").open("a") as results:
     (out / "stage1").touch()  # a finished stage: its line is written again by every run, as mtmt.py's are
     results.write('{"stage": 1}\\n')
@@ -195,7 +203,8 @@ with Path(os.environ["ZHIE_RESULTS"], "rows.jsonl").open("a") as results:
 
 def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, monkeypatch):
     """gpu_campaign.py starts a cut row afresh at the next call, unless rows checkpoint (``--save-every``): then it
-    resumes in its directory, and the row's results are those of the call that finished it, each line once."""
+    resumes in its directory, and the row's results are those of the call that finished it, each line once; a
+    finished row's checkpoints are removed."""
     gpu_campaign = _benchmark("gpu_campaign")
     (tmp_path / "carry" / "tree").mkdir(parents=True)
     (tmp_path / "carry" / "tree" / "staged.py").write_text(STAGED)
@@ -212,7 +221,10 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
     assert call(None) == (False, ['{"stage": 1}'])  # cut in stage 2
     assert call(None) == (False, ['{"stage": 1}'])  # started afresh: cut again
     assert call(5) == (False, ['{"stage": 1}'])  # the first call with checkpoints: cut once more
+    assert (runs / "b__x__s1" / "model" / "checkpoint.pt").exists()
     assert call(5) == (True, ['{"stage": 1}', '{"stage": 2}'])  # resumed: finished, each line once
+    # a finished row keeps no checkpoint: a student reading it as its teacher would train the teacher again
+    assert not (runs / "b__x__s1" / "model" / "checkpoint.pt").exists()
     assert json.loads((runs / "b__x__s1" / "done.json").read_text())["wall_s"] >= 3  # its seconds in both calls
 
 
