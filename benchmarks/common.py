@@ -94,12 +94,22 @@ def machine() -> str:
     return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
+def portable_paths(text: str) -> str:
+    """``text`` without this machine's paths: the campaign's run directories as ``RUNS/`` (as RESULTS.md names
+    them), the repository's files relative to it, and what lies beside the repository as ``../`` (``../shared``,
+    a peers' environment)."""
+    text = text.replace(f"{CAMPAIGN_DIR / 'runs'}/", "RUNS/").replace(f"{ROOT}/", "")
+    return text.replace(f"{ROOT.parent}/", "../") if ROOT.parent.name else text
+
+
 def append_result(name: str, row: dict) -> None:
-    """Append one JSON line to ``RESULTS/name.jsonl`` and print it."""
+    """Append one JSON line to ``RESULTS/name.jsonl`` (its paths as :func:`portable_paths` writes them) and print
+    it."""
+    line = portable_paths(json.dumps(row, ensure_ascii=False))
     RESULTS.mkdir(parents=True, exist_ok=True)
     with (RESULTS / f"{name}.jsonl").open("a", encoding="utf-8") as f:
-        f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(json.dumps(row, ensure_ascii=False))
+        f.write(line + "\n")
+    print(line)
 
 
 def once(directory: Path, fn, *args, **kwargs) -> dict:

@@ -342,3 +342,17 @@ def test_a_measured_command_reports_its_own_peak_memory_not_the_benchmarks():
     with pytest.raises(SystemExit, match="exit 3.*went wrong"):
         common.run_measured([sys.executable, "-c", "import sys; sys.stderr.write('went wrong'); sys.exit(3)"])
     del held
+
+
+def test_a_benchmark_line_names_no_path_of_this_machine(tmp_path, monkeypatch):
+    """A benchmark run by hand (not through the campaign, whose lines are rewritten) writes its line with the campaign's
+    runs as RUNS/, the repository's files relative to it and what lies beside it as ../, in the file and on stdout."""
+    common = _benchmark("common")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    root, beside = common.ROOT, common.ROOT.parent
+    row = {"model": f"{common.CAMPAIGN_DIR / 'runs'}/s__x__s1/student/best", "data": f"{beside}/shared/data/x.json",
+           "command": f"python benchmarks/tradeoff.py --out {root}/runs/t --peer jiagu={beside}/peers/bin/python"}
+    common.append_result("t", row)
+    assert json.loads((tmp_path / "t.jsonl").read_text()) == {
+        "model": "RUNS/s__x__s1/student/best", "data": "../shared/data/x.json",
+        "command": "python benchmarks/tradeoff.py --out runs/t --peer jiagu=../peers/bin/python"}
