@@ -138,8 +138,9 @@ def test_rows_run_on_a_gpu_are_imported_only_as_the_plan_wrote_them(tmp_path):
     assert listed.strip() == str([(f"c/x/s{s}", commit, device % s) for s in (1, 2)])  # not s3 (done), not export
 
     def ran(seed, rc=0, command=None, at=commit):
+        ran_as = f"python benchmarks/ner.py --out /gpu/runs/c__x__s{seed} --encoder /gpu/runs/e5-small-pruned"
         row = [{"machine": "NVIDIA H100 80GB HBM3", "dev_f1": 0.7, "teachers": [f"/gpu/runs/c__x__s{seed}/best"],
-                "command": f"python benchmarks/ner.py --out /gpu/runs/c__x__s{seed} --encoder /gpu/runs/e5-small-pruned"}]
+                "command": ran_as}]
         return {"key": f"c/x/s{seed}", "commit": at, "rc": rc, "wall_s": 300, "parallel": 16, "runs": "/gpu/runs",
                 "command": command or device % seed, "results": row if rc == 0 else []}
 
