@@ -10,7 +10,15 @@ for NER, ``{"text", "words": [{"start", "end", "text"}]}`` for word segmentation
 Peers: ``jiagu`` (Jiagu 0.2.3, its models inside the PyPI package, as its README runs NER: ``jiagu.seg`` cuts the
 sentence into words, ``jiagu.ner`` tags the words with BIO tags of PER, LOC and ORG; the spans are the tagged words'
 characters); ``jiagu-seg`` (Jiagu's segmenter alone); ``jieba`` (jieba 0.42's default mode, ``jieba.cut``, its
-dictionary and HMM inside the package).
+dictionary and HMM inside the package); ``pkuseg`` (0.0.25, its default model; it builds from its sdist:
+``pip install numpy cython wheel setuptools``, then ``pip install --no-build-isolation pkuseg``); ``thulac`` (0.2.2,
+``seg_only``); ``snownlp`` (0.12.3, ``SnowNLP(text).words``). NER peers other than Jiagu, each in an environment of
+its own Python: ``lac`` (Baidu's LAC 2.1.2, ``LAC(mode="lac")``: words with PER, LOC, ORG, TIME tags; Python 3.8,
+``pip install "paddlepaddle==1.8.5" "protobuf==3.20.3" "numpy<1.20" lac``) and ``foolnltk`` (FoolNLTK 0.1.7,
+``fool.analysis``: person, location, org, company, time, job; Python 3.7, ``pip install "tensorflow-cpu==1.15"
+"protobuf==3.20.3" foolnltk``). Their types map to People's Daily's PER, LOC and ORG as ``LAC_LABELS`` and
+``FOOL_LABELS`` say. Every peer takes one text at a time, as their READMEs call them. A segmenter's words must join
+back into the text (checked on SXU's test sentences for every segmenter here).
 """
 
 from __future__ import annotations
@@ -70,9 +78,61 @@ def jieba_cut():
     return words(jieba.lcut)
 
 
+def pkuseg_cut():
+    import pkuseg
+
+    return words(pkuseg.pkuseg().cut)  # its default model (mixed domains), inside the package
+
+
+def thulac_cut():
+    import thulac
+
+    segmenter = thulac.thulac(seg_only=True)
+    return words(lambda text: [word for word, _ in segmenter.cut(text)])
+
+
+def snownlp_cut():
+    from snownlp import SnowNLP
+
+    return words(lambda text: SnowNLP(text).words)
+
+
+# A NER peer's entity types -> People's Daily's labels (the types without one are left out).
+LAC_LABELS = {"PER": "PER", "LOC": "LOC", "ORG": "ORG"}  # LAC's TIME has none
+FOOL_LABELS = {"person": "PER", "location": "LOC", "org": "ORG", "company": "ORG"}  # its time and job have none
+
+
+def lac_ner():
+    from LAC import LAC
+
+    lac = LAC(mode="lac")
+
+    def ner(text: str) -> list[dict]:
+        found, start = [], 0
+        for word, tag in zip(*lac.run(text)) if text else []:
+            if tag in LAC_LABELS:
+                found.append({"start": start, "end": start + len(word), "label": LAC_LABELS[tag]})
+            start += len(word)
+        return found
+
+    return ner
+
+
+def fool_ner():
+    import fool
+
+    def ner(text: str) -> list[dict]:
+        entities = fool.analysis(text)[1][0] if text else []  # (start, end exclusive, type, text)
+        return [{"start": s, "end": e, "label": FOOL_LABELS[kind]} for s, e, kind, _ in entities if kind in FOOL_LABELS]
+
+    return ner
+
+
 # peer -> (the output's key, its module, what builds its function of one text)
 PEERS = {"jiagu": ("entities", "jiagu", jiagu_ner), "jiagu-seg": ("words", "jiagu", jiagu_seg),
-         "jieba": ("words", "jieba", jieba_cut)}
+         "jieba": ("words", "jieba", jieba_cut), "pkuseg": ("words", "pkuseg", pkuseg_cut),
+         "thulac": ("words", "thulac", thulac_cut), "snownlp": ("words", "snownlp", snownlp_cut),
+         "lac": ("entities", "LAC", lac_ner), "foolnltk": ("entities", "fool", fool_ner)}
 
 
 def main() -> None:
