@@ -345,7 +345,7 @@ def test_a_measured_command_reports_its_own_peak_memory_not_the_benchmarks():
     del held
 
 
-def test_a_benchmark_line_names_no_path_of_this_machine(tmp_path, monkeypatch):
+def test_a_benchmark_line_names_no_path_of_this_machine(tmp_path, monkeypatch, capsys):
     """A benchmark run by hand (not through the campaign, whose lines are rewritten) writes its line with the campaign's
     runs as RUNS/, the repository's files relative to it and what lies beside it as ../, in the file and on stdout."""
     common = _benchmark("common")
@@ -354,6 +354,8 @@ def test_a_benchmark_line_names_no_path_of_this_machine(tmp_path, monkeypatch):
     row = {"model": f"{common.CAMPAIGN_DIR / 'runs'}/s__x__s1/student/best", "data": f"{beside}/shared/data/x.json",
            "command": f"python benchmarks/tradeoff.py --out {root}/runs/t --peer jiagu={beside}/peers/bin/python"}
     common.append_result("t", row)
-    assert json.loads((tmp_path / "t.jsonl").read_text()) == {
+    written = (tmp_path / "t.jsonl").read_text()
+    assert json.loads(written) == {
         "model": "RUNS/s__x__s1/student/best", "data": "../shared/data/x.json",
         "command": "python benchmarks/tradeoff.py --out runs/t --peer jiagu=../peers/bin/python"}
+    assert capsys.readouterr().out == written
