@@ -6,8 +6,8 @@
 
 ``zhie distill`` ranks the feed-forward neurons (:func:`zhie.encoders.ffn_importance`) and the attention heads
 (:class:`zhie.encoders.student_bert.HeadActivity`) of the layers it keeps on the first
-:data:`zhie.training.students.ACTIVITY_ITEMS` (4,000) items, training windows first. Here the same measures
-(:func:`zhie.training.students.unit_activity`) run over the first N items of a distillation's stored items
+:data:`zhie.training.teachers.ACTIVITY_ITEMS` (4,000) items, training windows first. Here the same measures
+(:func:`zhie.training.teachers.unit_activity`) run over the first N items of a distillation's stored items
 (``--targets-from``: its ``teacher/targets.pt``) for each N of ``--sizes``, through the teacher's encoder cut to its
 first ``--layers`` layers (which computes those layers' outputs exactly); each row says, per layer, what share of the
 units kept at N is also kept at the largest N. One JSON line per N in ``results/activity_sample.jsonl``.
@@ -26,7 +26,7 @@ from common import append_result, machine, machine_lock
 import zhie
 from zhie.encoders import FfnActivity, ffn_importance, truncate_layers
 from zhie.encoders.student_bert import HeadActivity
-from zhie.training.students import TARGETS, unit_activity
+from zhie.training.teachers import TARGETS, unit_activity
 
 
 def kept(scores: list, k: int) -> list[set]:

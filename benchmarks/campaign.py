@@ -1,5 +1,8 @@
 """The benchmark campaign: long runs from a plan, one at a time, resumable across sessions.
 
+Over 400 lines: one concern, the campaign (its plan, runner, status and import of GPU rows), whose parts share
+the plan's rules.
+
     python benchmarks/campaign.py status              # done / running / failed / left, with CPU-time estimates
     nohup python benchmarks/campaign.py run >> ../campaign/runner.log 2>&1 &   # every missing row, in plan order
     python benchmarks/campaign.py run --only a/gp-start/ --max-rows 2
@@ -51,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import tomllib
-from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock
+from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock, portable_paths
 from gpu_campaign import ENCODER_SCRIPTS
 
 PLAN = ROOT / "benchmarks" / "campaign.toml"
@@ -121,12 +124,6 @@ def seed_of(command: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def portable(line: str, tree: Path, directory: Path) -> str:
-    """A row's JSON line without this machine's paths: the runs' directories as ``RUNS/`` (as RESULTS.md names
-    them), the worktree's files relative to the repository."""
-    return line.replace(f"{directory / 'runs'}/", "RUNS/").replace(f"{tree}/", "")
-
-
 def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) -> bool:
     """Run one row to its end (or resume it); True when it finished and its line was appended."""
     out = run_dir(directory, row["key"])
@@ -174,7 +171,8 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
                                 "stderr_tail": stderr_tail}, ensure_ascii=False) + "\n")
         print(f"[campaign] {row['key']}: exit {code}\n{stderr_tail}", flush=True)
         return False
-    lines = [json.loads(portable(line, tree, directory)) for path in sorted((out / "results").glob("*.jsonl"))
+    lines = [json.loads(portable_paths(line, directory / "runs", tree, beside=False))
+             for path in sorted((out / "results").glob("*.jsonl"))
              for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     record = {"key": row["key"], "commit": commit, "seed": seed_of(command), "command": row["command"],
               "cpu_s": round(sum(s.get("cpu_s", 0) for s in sessions), 1),
@@ -274,9 +272,9 @@ def import_rows(plan_path: Path, results: Path, path: Path) -> int:
         if ran["command"] != device_command(row["command"]) or ran["commit"] != row["commit"]:
             raise PlanError(f"{where}: ran `{ran['command']}` at {ran['commit'][:10]}, the plan says "
                             f"`{row['command']}` at {row['commit'][:10]}")
-        if ran.get("runs"):  # the GPU machine's directories, named as on this one (portable())
+        if ran.get("runs"):  # the GPU machine's directories, named as on this one
             text = json.dumps(ran["results"]).replace(f"{ran['runs']}/e5-small-pruned", ".gpu-pack/e5-small-pruned")
-            ran["results"] = json.loads(text.replace(f"{ran['runs']}/", "RUNS/"))
+            ran["results"] = json.loads(portable_paths(text, ran["runs"], tree=None))
         records.append({"key": ran["key"], "commit": row["commit"], "seed": seed_of(row["command"]),
                         "command": row["command"], "device": ran["results"][-1]["machine"],
                         "device_command": ran["results"][-1]["command"], "parallel": ran.get("parallel"),

@@ -94,12 +94,17 @@ def machine() -> str:
     return f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
 
 
-def portable_paths(text: str) -> str:
-    """``text`` without this machine's paths: the campaign's run directories as ``RUNS/`` (as RESULTS.md names
-    them), the repository's files relative to it, and what lies beside the repository as ``../`` (``../shared``,
-    a peers' environment)."""
-    text = text.replace(f"{CAMPAIGN_DIR / 'runs'}/", "RUNS/").replace(f"{ROOT}/", "")
-    return text.replace(f"{ROOT.parent}/", "../") if ROOT.parent.name else text
+def portable_paths(text: str, runs: Path | str = CAMPAIGN_DIR / "runs", tree: Path | str | None = ROOT,
+                   beside: bool = True) -> str:
+    """``text`` without a machine's paths, the one place where they are rewritten: the run directories under ``runs``
+    as ``RUNS/`` (as RESULTS.md names them; this machine's campaign's by default, or a GPU machine's), the files of the
+    repository ``tree`` relative to it (this one, or a campaign's worktree; None: left as they are), and, with
+    ``beside``, what lies beside the tree as ``../`` (``../shared``, a peers' environment)."""
+    text = text.replace(f"{runs}/", "RUNS/")
+    if tree is None:
+        return text
+    text = text.replace(f"{tree}/", "")
+    return text.replace(f"{Path(tree).parent}/", "../") if beside and Path(tree).parent.name else text
 
 
 def append_result(name: str, row: dict) -> None:

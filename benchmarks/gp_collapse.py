@@ -107,7 +107,7 @@ def run(name: str, spec: dict, examples: list, epochs: int, batch_size: int, see
         head.rope = False
 
     wrapper = torch.nn.Module()
-    wrapper.model, wrapper.loss_fn = model, objective  # the loop's _Objective: the same parameter names
+    wrapper.model, wrapper.loss_fn = model, objective  # as zhie.training.session.Objective: same names
     groups = build_param_groups(wrapper, config)
     optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
     n = len(items)

@@ -35,7 +35,7 @@ from zhie import encoders
 from zhie.core.files import replace_dir
 from zhie.data import read_ner, write_ner_jsonl
 from zhie.training import TrainConfig
-from zhie.training.distill import distill
+from zhie.training.mtmt import distill
 
 WIKIANN = DATA / "xner" / "wikiann"
 STUDENTS = {"tsl": {"alpha": False, "beta": False, "gamma": False, "similarity": False}, "mtmt": {},

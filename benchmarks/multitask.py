@@ -159,7 +159,7 @@ def main() -> None:
 
 
 def scheme_row(scheme: str, members: list[dict], config: Path, args) -> dict:
-    run = train("multitask", Path(args.out) / args.suite / f"mt-{scheme}", args, config_file=str(config),
+    run = train("multitask", Path(args.out) / args.suite / f"mt-{scheme}", args, tasks_file=str(config),
                 weighting=scheme)
     best, record = run["best"], run["record"]
     return {**row_base(args, args.suite), "run": scheme,

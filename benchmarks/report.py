@@ -1,5 +1,8 @@
 """The tables of RESULTS.md, made from benchmarks/results/*.jsonl (one JSON line per recorded run).
 
+Over 400 lines: one table function per table of RESULTS.md (:data:`TABLES`), each short; splitting them would
+only scatter the tables.
+
     python benchmarks/report.py                  # print every table, each under its name
     python benchmarks/report.py --write          # rewrite every marked table of RESULTS.md in place
     python benchmarks/report.py --check          # exit 1, naming them, if a marked table differs from its rows
@@ -14,7 +17,6 @@ superseded stay in their JSON lines; the functions here leave them out where RES
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import re
 import sys
@@ -22,10 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # marked.py beside it, also when a test loads this file by its path
+import marked as marked_tables  # noqa: E402
+
 RESULTS = HERE / "results"
 DOC = HERE / "RESULTS.md"
-MARKED = re.compile(r"^(<!-- report:([\w-]+) -->\n)(.*?)^(<!-- /report:([\w-]+) -->)$", re.DOTALL | re.MULTILINE)
-OPENED = re.compile(r"^<!-- report:([\w-]+) -->$", re.MULTILINE)
 
 
 def rows(name: str) -> list[dict]:
@@ -68,11 +71,6 @@ def _mean_std(values: list[float], sign: bool = False) -> str:
 
 def per_epoch(values: list[float]) -> str:
     return ", ".join(pct(f) for f in values)
-
-
-def command(text: str) -> str:
-    """A recorded command as it reads today: the GPU pack's folder was ``.devcarry/`` when the first rows ran."""
-    return text.replace(".devcarry/", ".gpu-pack/")
 
 
 # --- NER, one seed per row (benchmarks/ner.py) ---------------------------------------------------------------------
@@ -347,6 +345,29 @@ def tradeoff_table() -> str:
     return table(["dataset", "model", "variant", "layers", "dev F1", "sentences/s", "characters/s", "cold start s",
                   "peak RSS MB", "size MB", "encoder % of peak", "load before / after", "date"], body,
                  right="3456789")
+
+
+README_STUDENTS = {"teacher-12-s2": "teacher, 12 layers", "readme-pruned-4": "pruned 4-layer student",
+                   "readme-conv-128": "128-wide bigram convolutional student",
+                   "jiagu": "*Jiagu 0.2.3's NER (one thread; no CLUENER F1)*"}
+
+
+def readme_students_table(out: str = "--out runs/tradeoff-readme") -> str:
+    """The distillation page's commands as run from a fresh clone: the int8 exports of their teacher and two students
+    beside Jiagu's NER, in one run of ``benchmarks/tradeoff.py`` (``out``), with their speeds relative to the teacher's
+    and to Jiagu's."""
+    run = {r["model"]: r for r in rows("tradeoff.jsonl") if r["command"].endswith(out)}
+    teacher, jiagu = run["teacher-12-s2"]["sentences_per_s"], run["jiagu"]["sentences_per_s"]
+    body = []
+    for model, label in README_STUDENTS.items():
+        r = run[model]
+        speed = f"{r['sentences_per_s']:,.0f}"
+        student = model.startswith("readme-")
+        body.append([label, pct(r["dev_f1"]), f"**{speed}**" if student else speed,
+                     f"{r['sentences_per_s'] / teacher:.2f}", f"{r['sentences_per_s'] / jiagu:.2f}",
+                     f"{r['cold_start_s']:.2f} s"])
+    return table(["model (int8 export)", "dev F1", "sentences/s", "× teacher", "× Jiagu", "cold start"], body,
+                 right="12345")
 
 
 def tradeoff_plot(path: Path) -> None:
@@ -642,14 +663,14 @@ def relation_notes() -> str:
                          f"tokens, {r['heads']} GP heads): labels {r['sparse_label_mb']:.2f} MB sparse against "
                          f"{r['dense_label_mb']:.0f} MB dense; peak GPU memory {r.get('sparse_peak_mb', 0):.0f} MB "
                          f"sparse against {r.get('dense_peak_mb', 0):.0f} MB dense; losses {r['sparse_loss']:.4f} and "
-                         f"{r['dense_loss']:.4f} ({r['machine']}, {r['date']}; `{command(r['command'])}`).")
+                         f"{r['dense_loss']:.4f} ({r['machine']}, {r['date']}; `{r['command']}`).")
         elif r["run"] == "decode":
             other.append(f"* Decoding an untrained model's {r['windows']} dev windows ({r['triples_decoded']:,} "
                          f"triples after the caps): vectorised {r['vectorised_decode_s']:.2f} s; per-cell Python "
                          f"decoder {r['per_cell_decode_s']:.1f} s for {r['per_cell_windows']} windows, about "
                          f"{r['per_cell_extrapolated_s']:.0f} s for all ({r['speedup']:.0f}× slower); outputs equal: "
                          f"{'yes' if r['outputs_equal'] else 'no'}; model forward {r['model_s']:.2f} s "
-                         f"({r['machine']}, {r['date']}; `{command(r['command'])}`).")
+                         f"({r['machine']}, {r['date']}; `{r['command']}`).")
     return "\n".join(other)
 
 
@@ -801,6 +822,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "mtmt": lambda: campaign_mtmt_table("b/", MTMT_SYSTEMS, sign=True),
     "mtmt-smoke": mtmt_smoke_table,
     "tradeoff": tradeoff_table,
+    "readme-students": readme_students_table,
     "students": students_table,
     "startup": startup_table,
     "serve": serve_table,
@@ -826,30 +848,18 @@ TABLES: dict[str, Callable[[], str]] = {
 
 
 def marked(doc: str) -> list[tuple[str, str]]:
-    """(name, text between the markers) of every marked table of ``doc``, in order; a marker without its closing
-    twin, or a name :data:`TABLES` lacks, is an error."""
-    found = []
-    for m in MARKED.finditer(doc):
-        if m[2] != m[5]:
-            raise ValueError(f"<!-- report:{m[2]} --> is closed by <!-- /report:{m[5]} -->")
-        if m[2] not in TABLES:
-            raise ValueError(f"<!-- report:{m[2]} -->: report.py has no table of that name")
-        found.append((m[2], m[3]))
-    opened = OPENED.findall(doc)
-    if len(opened) != len(found):
-        raise ValueError(f"markers without their closing twin among {sorted(set(opened) - {n for n, _ in found})}")
-    return found
+    """(name, text between the markers) of every marked table of ``doc`` (:func:`marked.marked`)."""
+    return marked_tables.marked(doc, "report", TABLES)
 
 
 def render(doc: str) -> str:
     """``doc`` with every marked table made afresh from the rows."""
-    marked(doc)
-    return MARKED.sub(lambda m: f"{m[1]}{TABLES[m[2]]()}\n{m[4]}", doc)
+    return marked_tables.render(doc, "report", TABLES)
 
 
 def stale(doc: str) -> list[str]:
     """The names of the marked tables of ``doc`` that differ from what their rows give."""
-    return [name for name, text in marked(doc) if text != TABLES[name]() + "\n"]
+    return marked_tables.stale(doc, "report", TABLES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -867,18 +877,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, make in TABLES.items():
             print(f"<!-- report:{name} -->\n{make()}\n")
         return 0
-    doc = args.doc.read_text(encoding="utf-8")
-    new = render(doc)
-    if args.check:
-        for name in stale(doc):
-            print(f"{args.doc}: table {name!r} differs from its rows (python benchmarks/report.py --write)")
-        sys.stdout.writelines(difflib.unified_diff(doc.splitlines(True), new.splitlines(True), "as written",
-                                                   "from rows"))
-        return int(new != doc)
-    if new != doc:
-        args.doc.write_text(new, encoding="utf-8")
-        print(f"{args.doc}: rewrote {', '.join(stale(doc))}")
-    return 0
+    return marked_tables.update(args.doc, "report", TABLES, args.check, "python benchmarks/report.py --write")
 
 
 if __name__ == "__main__":

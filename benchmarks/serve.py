@@ -6,7 +6,7 @@ Three processes on disjoint CPUs (Linux CPU affinity), so that the client does n
 
 1. offline: a fresh process on ``--server-cpus`` loads the model and times ``zhie predict``'s own path
    (``Pipeline.stream`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``, each
-   prediction written as ``zhie.cli.output_line`` writes it)
+   prediction written as ``zhie.deploy.outputs.output_line`` writes it)
    over all the texts, after a warm-up call -> sentences/s;
 2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--batch-size``;
 3. the client: this process, on ``--client-cpus``: for each concurrency level N, N keep-alive connections each send one
@@ -51,7 +51,7 @@ OFFLINE = """
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[3]))
 import zhie
-from zhie.cli import output_line
+from zhie.deploy.outputs import output_line
 from zhie.deploy.stream import Line
 texts = json.load(open(sys.argv[1], encoding="utf-8"))
 batch_size, chunk_lines = int(sys.argv[4]), int(sys.argv[5])

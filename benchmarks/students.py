@@ -1,4 +1,4 @@
-"""Students: distil a trained teacher into a smaller model with ``zhie distill --teacher`` and record its dev F1 and
+"""Students: distil a trained teacher into a smaller model with ``zhie distill student`` and record its dev F1 and
 training time (speed is measured apart, on a quiet machine, through ``zhie predict``).
 
     python benchmarks/students.py --teacher runs/cluener-gp/best --dataset cluener --layers 4 --out runs/students
@@ -30,10 +30,11 @@ from ner import DATASETS, dataset_files
 
 from zhie.data.base import read_texts
 from zhie.training import TrainConfig
-from zhie.training.distill import dilation_list
-from zhie.training.loop import CHECKPOINT
 from zhie.training.report import read_metrics
-from zhie.training.students import STUDENTS, TARGETS, distill_student
+from zhie.training.rundir import CHECKPOINT
+from zhie.training.student_models import STUDENTS
+from zhie.training.students import dilation_list, distill_student
+from zhie.training.teachers import TARGETS
 
 UNLABELLED = {"cluener": "ner/cluener/test.json"}  # a set's own unlabelled texts (the others: --wiki-sentences)
 CWS = {"sxu": ("cws/sxu/train.txt", "cws/sxu/test.txt")}  # word segmentation sets: (train, dev)

@@ -12,7 +12,7 @@ gradient once DDP has averaged it.
 steps and writes ``RESULTS/rank<r>.json``: fit's summary (this process's ``per_batch`` rows are in its history).
 
 ``distill RECOGNIZER EVALUATOR TARGET ENCODER OUT BATCH_SIZE RESULTS`` distils an MTMT student with
-:func:`zhie.training.distill.distill` (64 word pairs, one epoch) and writes ``RESULTS/rank<r>.json``: the loop's
+:func:`zhie.training.mtmt.distill` (64 word pairs, one epoch) and writes ``RESULTS/rank<r>.json``: the loop's
 summary.
 
 ``resume OUT RESULTS`` trains a small model with dropout in ``OUT/full``, then in ``OUT/resumed`` until it is
@@ -160,13 +160,13 @@ def embedding_model() -> tuple[nn.Module, dict]:
 
 
 def adversarial(batch_size: str, out: str) -> dict:
-    from zhie.training import loop
+    from zhie.training import session  # the engine's steps call fgm_step / pgd_step from there
 
     single, result = int(os.environ["WORLD_SIZE"]) == 1, {}
     for method in ("fgm", "pgd"):
         model, data = embedding_model()
         directions, own = [], []
-        step = getattr(loop, f"{method}_step")
+        step = getattr(session, f"{method}_step")
 
         def recording(weight, batch_grad, *args, step=step, directions=directions, own=own, **kwargs):
             directions.append((batch_grad / batch_grad.norm()).flatten().tolist())
@@ -175,14 +175,14 @@ def adversarial(batch_size: str, out: str) -> dict:
                 own.append((g / g.norm()).flatten().tolist())
             return step(weight, batch_grad, *args, **kwargs)
 
-        setattr(loop, f"{method}_step", recording)
+        setattr(session, f"{method}_step", recording)
         try:
             train(model, **data, loss_fn=lambda m, b: ((m(b["ids"]) - b["y"]) ** 2).mean(), out_dir=Path(out, method),
                   config=TrainConfig(epochs=1, batch_size=int(batch_size), grad_accum=2, lr=0.1, seed=0, warmup=0.0,
                                      adversarial=method, adv_epsilon=0.5, adv_alpha=0.3, adv_steps=2),
                   resume=False, progress=False)
         finally:
-            setattr(loop, f"{method}_step", step)
+            setattr(session, f"{method}_step", step)
         result[method] = {"directions": directions, "own": own,
                           "weights": {k: v.flatten().tolist() for k, v in model.state_dict().items()}}
     if torch.distributed.is_initialized():
@@ -228,14 +228,14 @@ def pretrain(out: str, *args: str) -> dict:
 
 
 def multitask(config: str, out: str) -> dict:
-    summary = zhie.fit("multitask", out=out, encoder="tiny", config_file=config, resume=False, progress=False,
+    summary = zhie.fit("multitask", out=out, encoder="tiny", tasks_file=config, resume=False, progress=False,
                        config=TrainConfig(max_steps=6, batch_size=4, lr=1e-3, head_lr=1e-3, seed=0, warmup=0.0))
     torch.distributed.destroy_process_group()
     return {"summary": summary}
 
 
 def distill(recognizer: str, evaluator: str, target: str, encoder: str, out: str, batch_size: str) -> dict:
-    from zhie.training.distill import distill as mtmt
+    from zhie.training.mtmt import distill as mtmt
 
     summary = mtmt(recognizer, evaluator, target, out=out, format="wikiann", encoder=encoder, pairs=64, balanced=False,
                    config=TrainConfig(epochs=1, batch_size=int(batch_size), lr=1e-3, head_lr=1e-3, seed=0, warmup=0.0),

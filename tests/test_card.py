@@ -131,7 +131,7 @@ def test_a_multi_task_model_gets_a_card_with_every_member(tmp_path):
     write_ner_jsonl(tiny_models.nested_corpus(32, seed=1), tmp_path / "ner.jsonl")
     (tmp_path / "cws.txt").write_text("上海  体育局  召开  会议  。\n记者  从  大学  获悉  。\n" * 8, encoding="utf-8")
     (tmp_path / "mt.toml").write_text(MULTITASK, encoding="utf-8")
-    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=tmp_path / "mt.toml",
+    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", tasks_file=tmp_path / "mt.toml",
              config=TrainConfig(epochs=1, batch_size=8, lr=1e-3, head_lr=1e-3, seed=0), resume=False, progress=False)
     best = tmp_path / "run" / "best"
     record = json.loads((best / card.RECORD_FILE).read_text(encoding="utf-8"))

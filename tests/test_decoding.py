@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zhie.core import decoding
-from zhie.tasks.ner import NerConfig, SpanLabels
+from zhie.tasks.ner_heads import NerConfig
+from zhie.tasks.ner_labels import SpanLabels
 from zhie.tasks.relation import RelationConfig, RelationTask
 
 

@@ -30,7 +30,7 @@ from zhie.tasks.ner import NerTask
 from zhie.tasks.similarity import SimilarityConfig, SimilarityTask
 from zhie.tasks.xner import XnerEvaluatorTask
 from zhie.training import epoch_batches
-from zhie.training.loop import _process_batches
+from zhie.training.batching import process_batches
 from zhie.training.report import read_metrics
 
 from .dist_worker import PAIRS, cosent_inputs
@@ -329,11 +329,11 @@ def test_each_process_gets_a_full_slice_of_a_full_batch():
         batches = epoch_batches(72, 16, seed=0, epoch=epoch, lengths=lengths)
         short_not_last += len(batches[-1]) == 16
         full = [b for b in batches if len(b) == 16]
-        slices = [_process_batches(batches, 8, 2, rank) for rank in (0, 1)]
+        slices = [process_batches(batches, 8, 2, rank) for rank in (0, 1)]
         assert all(len(s) == 4 and all(len(b) == 8 for b in s) for s in slices)
         assert [sorted(a + b) for a, b in zip(*slices)] == [sorted(b) for b in full]
     assert short_not_last  # the case where keeping the first 4 batches would keep the short one
-    assert _process_batches(batches, 16, 1, 0) == batches  # one process keeps every batch
+    assert process_batches(batches, 16, 1, 0) == batches  # one process keeps every batch
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from tests.tiny_models import nested_corpus
 from zhie.cli import build_parser, main
 from zhie.core.spans import Span
 from zhie.data import write_ner_jsonl
-from zhie.tasks import ner
-from zhie.tasks.ner import HEADS, NER_HEADS, SPAN_HEADS, TAGGER_HEADS, NerConfig, register_head
+from zhie.tasks import ner_heads
+from zhie.tasks.ner_heads import HEADS, NER_HEADS, SPAN_HEADS, TAGGER_HEADS, NerConfig, register_head
 
 
 @pytest.fixture
@@ -61,8 +61,9 @@ def test_a_package_s_heads_come_through_the_entry_points(monkeypatch):
         def load(self):
             register_head("plugged", "span", NER_HEADS["egp"].build)
 
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Entry()] if group == ner.HEAD_GROUP else [])
-    monkeypatch.setattr(ner, "_heads_discovered", False)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [Entry()] if group == ner_heads.HEAD_GROUP else [])
+    monkeypatch.setattr(ner_heads, "_heads_discovered", False)
     try:
         assert NerConfig(["PER"], head="plugged").head == "plugged" and "plugged" in SPAN_HEADS
     finally:

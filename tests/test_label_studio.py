@@ -21,7 +21,8 @@ from zhie.core.spans import Span
 from zhie.data import DataError, NerExample, label_studio, read_ner
 from zhie.data.ner import detect_format
 from zhie.tasks.cws import CwsTask
-from zhie.tasks.ner import NerConfig, NerTask
+from zhie.tasks.ner import NerTask
+from zhie.tasks.ner_heads import NerConfig
 from zhie.tasks.relation import RelationTask
 
 CONFIG = """<View>

@@ -24,10 +24,11 @@ from zhie.data import DataError, read_ner
 from zhie.heads.tagger import IGNORE
 from zhie.losses.mtmt import bce, mtmt_loss, mtmt_weights, sample_pairs
 from zhie.model import Model
-from zhie.tasks.ner import NerConfig, NerTask
+from zhie.tasks.ner import NerTask
+from zhie.tasks.ner_heads import NerConfig
 from zhie.tasks.xner import word_inputs, word_outputs
 from zhie.training import TrainConfig
-from zhie.training.distill import distill
+from zhie.training.mtmt import distill
 
 PER = ["Anna", "Berta", "Carlo", "Dieter", "Emil", "Frieda", "Gustav", "Hanna"]
 LOC = ["Berlin", "Paris", "Rom", "Wien", "Oslo", "Prag"]

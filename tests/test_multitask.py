@@ -223,8 +223,8 @@ def _config(data, tmp_path, scheme: str, extra: str = "", tail: str = "") -> obj
 # ------------------------------------------------------------------------------------------ weights, sampling, the log
 def built(config, seed: int = 0):
     """What zhie.fit builds before training: the task (its items encoded), the model and the objective."""
-    train, dev = MultiTask.read_splits(None, None, config_file=config)
-    task_config = MultiTask.configure(train, encoder="tiny", config_file=config)
+    train, dev = MultiTask.read_splits(None, None, tasks_file=config)
+    task_config = MultiTask.configure(train, encoder="tiny", tasks_file=config)
     encoder, tokenizer = prepare_encoder("tiny", texts=MultiTask.texts(train + dev), mode=task_config.mode)
     task = MultiTask(task_config, tokenizer)
     task.loop_config(TrainConfig(seed=seed))
@@ -314,7 +314,7 @@ def test_sampled_training_takes_the_drawn_members_each_with_its_own_loss(made_up
     """``equal`` on sampled steps weighs the drawn member's loss by 1 (one task per step); the members trained are
     those drawn from the run's seed, counted in ``task_batches``."""
     config = multitask_config(made_up, tmp_path, 'scheme = "equal"', sampling='mode = "proportional"')
-    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", tasks_file=config,
              config=TrainConfig(max_steps=8, batch_size=4, lr=1e-3, head_lr=1e-3, seed=3), resume=False, progress=False)
     (record,) = read_metrics(tmp_path / "run/metrics.jsonl")
     rows = record["per_batch"]
@@ -363,7 +363,7 @@ def test_the_log_keeps_evenly_spaced_batches_and_exact_means(made_up, tmp_path):
 def test_sampling_errors_name_the_key(made_up, tmp_path, tail, message):
     config = _config(made_up, tmp_path, "mgda", tail=tail)
     with pytest.raises(ConfigError, match="mt.toml: " + message):
-        zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+        zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", tasks_file=config,
                  config=TrainConfig(max_steps=1), resume=False, progress=False)
 
 
@@ -389,7 +389,7 @@ def test_gradients_over_separate_encoder_outputs_are_orthogonal_blocks():
 
 def test_mgda_over_encoder_outputs_trains_and_weights_by_inverse_squared_norms(made_up, tmp_path):
     config = _config(made_up, tmp_path, "mgda", extra='gradients = "encoder-output"')
-    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", config_file=config,
+    zhie.fit("multitask", out=tmp_path / "run", encoder="tiny", tasks_file=config,
              config=TrainConfig(max_steps=3, batch_size=8, lr=1e-3, head_lr=1e-3), resume=False, progress=False)
     rows = [row for r in read_metrics(tmp_path / "run/metrics.jsonl") for row in r["per_batch"]]
     assert len(rows) == 3 and all(sum(row["weights"].values()) == pytest.approx(1, abs=1e-5) for row in rows)
@@ -416,12 +416,12 @@ def test_a_run_reads_its_config_once(made_up, tmp_path, monkeypatch):
     again once it changes."""
     from zhie.multitask import config as mtconfig
 
-    reads, load = [], mtconfig._load_file
-    monkeypatch.setattr(mtconfig, "_load_file", lambda path: reads.append(path) or load(path))
+    reads, load = [], mtconfig.load_file
+    monkeypatch.setattr(mtconfig, "load_file", lambda path: reads.append(path) or load(path))
     config = _config(made_up, tmp_path, "equal")
-    train, _ = MultiTask.read_splits(None, None, config_file=config)
-    assert MultiTask.configure(train, encoder="tiny", config_file=config).weighting == "equal"
-    assert set(MultiTask.data_files(None, None, config_file=config)) == {"config", "ner/train", "ner/dev", "seg/train",
+    train, _ = MultiTask.read_splits(None, None, tasks_file=config)
+    assert MultiTask.configure(train, encoder="tiny", tasks_file=config).weighting == "equal"
+    assert set(MultiTask.data_files(None, None, tasks_file=config)) == {"config", "ner/train", "ner/dev", "seg/train",
                                                                         "seg/dev"}
     assert len(reads) == 1
     config.write_text(config.read_text(encoding="utf-8").replace('"equal"', '"mgda"'), encoding="utf-8")

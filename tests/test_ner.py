@@ -12,7 +12,9 @@ from zhie.core.spans import Span
 from zhie.data import NerExample, read_ner, write_ner_jsonl
 from zhie.heads import CrfTagger, GlobalPointer
 from zhie.model import Model
-from zhie.tasks.ner import NerConfig, NerTask, TagLabels, flatten_outermost
+from zhie.tasks.ner import NerTask, flatten_outermost
+from zhie.tasks.ner_heads import NerConfig
+from zhie.tasks.ner_labels import TagLabels
 from zhie.training import TrainConfig, build_param_groups, with_lr_multipliers
 
 from .conftest import DATA

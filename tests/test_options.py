@@ -10,6 +10,7 @@ import pytest
 
 from zhie import tasks
 from zhie.cli import build_parser, expand_run_config
+from zhie.core.config_file import RUN_CONFIG
 from zhie.core.options import add_flags, check_options, option, option_fields, values_from_flags
 from zhie.core.spans import Span
 from zhie.data import NerExample
@@ -17,18 +18,18 @@ from zhie.data.spo import SpoExample, Triple
 from zhie.data.sts import Pair
 from zhie.training import TrainConfig
 from zhie.training.config import config_from_flags
-from zhie.training.record import RUN_CONFIG, write_run_config
+from zhie.training.record import write_run_config
 
 OWN_TASKS = sorted({tasks.get(name) for name in tasks.MODULES}, key=lambda cls: cls.name)
 # zhie train TASK's flags that are no config field, and why: re's --schema names the file its predicates come from,
 # similarity's --prefix follows the encoder when not given; multitask's options name its config file
-NOT_FIELDS = {"re": {"schema"}, "similarity": {"prefix"}, "multitask": {"config_file", "weighting"}}
+NOT_FIELDS = {"re": {"schema"}, "similarity": {"prefix"}, "multitask": {"tasks_file", "weighting"}}
 FLAGS = {"ner": ["--head", "--mode", "--max-length", "--flatten", "--crf-lr-multiplier", "--no-gp-prior-init"],
          "cws": ["--head", "--max-length", "--crf-lr-multiplier"],
          "re": ["--schema", "--head", "--variant", "--max-length"],
          "similarity": ["--loss", "--pooling", "--max-length", "--prefix"],
          "xner-evaluator": ["--max-length", "--pairs", "--no-balance", "--dev-pairs"],
-         "multitask": ["--config", "--weighting"]}
+         "multitask": ["--tasks", "--weighting"]}
 PER = Span(0, 2, "PER", "张三")
 # one training example per task, for configure: the config's fields derived from the data
 EXAMPLES = {"ner": [NerExample("张三来了", [PER])], "cws": [NerExample("张三来了", [])],
@@ -38,7 +39,7 @@ EXAMPLES = {"ner": [NerExample("张三来了", [PER])], "cws": [NerExample("张�
 
 
 def required(cls) -> list[str]:
-    data = ["--train", "a", "--dev", "b"] if cls.data_flags else ["--config", "mt.toml"]
+    data = ["--train", "a", "--dev", "b"] if cls.data_flags else ["--tasks", "mt.toml"]
     return ["train", cls.name, *data, "--out", "c"]
 
 
@@ -84,8 +85,8 @@ def test_zhie_train_config_gives_a_run_s_options_back(cls, tmp_path):
         args = parser.parse_args([*required(cls), *switches])
         data = {"train": "a", "dev": "b"} if cls.data_flags else {}
         options = {dest: getattr(args, dest) for dest in args.task_options}
-        write_run_config(tmp_path, {"task": cls.name, **data, "out": "c",
-                                    "training": values_from_flags(args, TrainConfig), cls.name: options})
+        write_run_config(tmp_path, f"train {cls.name}", {**data, "out": "c"}, config_from_flags(args), None,
+                         {cls.name: options})
         again = parser.parse_args(expand_run_config(["train", "--config", str(tmp_path / RUN_CONFIG)]))
         assert {dest: getattr(again, dest) for dest in again.task_options} == options
         assert config_from_flags(again) == config_from_flags(args)

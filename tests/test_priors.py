@@ -18,7 +18,8 @@ from zhie.heads import CrfTagger, EfficientGlobalPointer, GPLinkerHead, Relation
 from zhie.losses import cosent_loss, global_pointer_loss
 from zhie.multitask.priors import cosent_prior, crf_prior, multilabel_prior, softmax_tagging_prior
 from zhie.tasks.cws import CwsTask
-from zhie.tasks.ner import NerConfig, NerTask
+from zhie.tasks.ner import NerTask
+from zhie.tasks.ner_heads import NerConfig
 from zhie.tasks.relation import RelationTask
 
 from .conftest import DATA

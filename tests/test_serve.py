@@ -24,7 +24,10 @@ from fastapi.testclient import TestClient  # noqa: E402
 import zhie  # noqa: E402
 from tests.tiny_models import trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
-from zhie.deploy.serve import API_KEY_ENV, Batcher, Batching, Limits, create_app, length_groups  # noqa: E402
+from zhie.deploy.batcher import Batcher  # noqa: E402
+from zhie.deploy.gate import API_KEY_ENV  # noqa: E402
+from zhie.deploy.serve import Batching, Limits, create_app  # noqa: E402
+from zhie.deploy.service import length_groups  # noqa: E402
 
 NESTED = "吕洋琼在清宁县银行工作。"  # ORG 清宁县银行 with LOC 清宁县 inside (see tests/tiny_models.py)
 
@@ -449,8 +452,9 @@ def test_cli_serve_reads_the_api_key_from_a_file_or_the_environment(tmp_path, mo
     assert f"the API key from the file {tmp_path / 'empty'} is empty" in capsys.readouterr().err
     assert main(["serve", model, "--api-key-file", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err and not served  # nothing was served
-    with pytest.raises(SystemExit):
-        main(["serve", model, "--api-key", "a", "--api-key-file", str(tmp_path / "key")])
+    assert main(["serve", model, "--api-key", "a", "--api-key-file", str(tmp_path / "key")]) == 2
+    assert "give the key once: --api-key-file FILE or --api-key KEY, not both" in capsys.readouterr().err
+    assert not served
 
 
 # ----------------------------------------------------------------------------------------------- the browser

@@ -218,8 +218,8 @@ def test_a_text_file_is_read_as_text_whatever_its_lines_start_with(tmp_path, cap
 def test_files_of_texts_read_elsewhere_decide_their_format_once(tmp_path):
     """The unlabelled texts of zhie distill (read_texts) and zhie export --calibrate read a file as text or as JSON
     lines as a whole."""
-    from zhie.cli import calibration_texts
     from zhie.data.base import read_texts
+    from zhie.deploy.export import calibration_texts
 
     path = write(tmp_path / "in.txt", [TEXTS[0], "", "{不是JSON}"])
     assert read_texts(path) == calibration_texts(path, 5) == [TEXTS[0], "{不是JSON}"]

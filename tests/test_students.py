@@ -1,4 +1,4 @@
-"""Same-language distillation (``zhie distill --teacher``): the soft-target losses against hand computations, the
+"""Same-language distillation (``zhie distill student``): the soft-target losses against hand computations, the
 layers a student keeps, the ensemble, and tiny teachers of every task kind whose students must agree with them."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from zhie.losses.distill import (
     tag_soft_loss,
 )
 from zhie.model import Ensemble, Model
-from zhie.training import TrainConfig, students
-from zhie.training.distill import dilation_list
-from zhie.training.students import distill_student, student_layers
+from zhie.training import TrainConfig, student_models, students, teachers
+from zhie.training.student_models import student_layers
+from zhie.training.students import dilation_list, distill_student
 
 from .tiny_models import nested_corpus, relation_corpus, trained, write_pairs, write_segmented_corpus
 
@@ -213,14 +213,14 @@ def test_stored_targets_are_read_back_and_another_teacher_is_refused(ner_files, 
     args = dict(out=tmp_path / "s", dev=ner_files / "dev.jsonl", unlabelled=[ner_files / "unlabelled.txt"],
                 encoder_layers=1, config=_config(1), progress=False)
     distill_student([teacher], ner_files / "train.jsonl", **args)
-    first = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    first = torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)
 
     def no_teacher(*a, **k):
         raise AssertionError("the teacher ran again although its targets were stored")
 
-    monkeypatch.setattr(students, "teacher_targets", no_teacher)
+    monkeypatch.setattr(teachers, "teacher_targets", no_teacher)
     distill_student([teacher], ner_files / "train.jsonl", **args)  # resumes: reads the stored targets
-    again = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    again = torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)
     assert [les.item for les in again["lessons"]] == [les.item for les in first["lessons"]]
     assert all(torch.equal(a.target[1], b.target[1]) for a, b in zip(again["lessons"], first["lessons"]))
     with pytest.raises(ValueError, match="resuming would mix two runs"):
@@ -234,7 +234,7 @@ def test_an_ensemble_of_one_teacher_twice_stores_that_teachers_targets(ner_files
     common = dict(dev=ner_files / "dev.jsonl", encoder_layers=1, config=_config(1), progress=False)
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "one", **common)
     distill_student([teacher, teacher], ner_files / "train.jsonl", out=tmp_path / "two", **common)
-    one, two = (torch.load(tmp_path / d / students.TARGETS, weights_only=False)["lessons"] for d in ("one", "two"))
+    one, two = (torch.load(tmp_path / d / teachers.TARGETS, weights_only=False)["lessons"] for d in ("one", "two"))
     assert all(torch.equal(a.target[0], b.target[0]) and torch.allclose(a.target[1].float(), b.target[1].float())
                for a, b in zip(one, two))
 
@@ -269,6 +269,11 @@ def test_a_sentence_embedding_student_keeps_the_teachers_similarities(tmp_path):
     a, b = (list(x) for x in zip(*(line.split("\t")[:2] for line in pairs.read_text(encoding="utf-8").splitlines())))
     t = zhie.load(tmp_path / "t" / "best").similarity(a, b)
     assert np.corrcoef(t, zhie.load(tmp_path / "s" / "best").similarity(a, b))[0, 1] >= 0.99  # cut alone: 0.987
+    # it matches the teacher's similarities as they are: a temperature would be a flag that does nothing
+    with pytest.raises(ValueError, match="--temperature 2.0: a similarity student matches its teacher's outputs"):
+        distill_student([tmp_path / "t" / "best"], pairs, out=tmp_path / "s2", temperature=2.0, progress=False)
+    stored = torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)
+    assert "temperature" not in stored["identity"]  # nor is it part of the stored outputs' fingerprint
 
 
 def test_a_student_with_narrower_feed_forward_blocks_agrees_saves_and_resumes(ner_files, tmp_path, monkeypatch):
@@ -282,15 +287,15 @@ def test_a_student_with_narrower_feed_forward_blocks_agrees_saves_and_resumes(ne
     assert all(layer.intermediate.dense.out_features == 128 for layer in student.model.encoder.encoder.layer)
     texts = [ex.text for ex in nested_corpus(40, seed=9)]
     assert _agreement(zhie.load(teacher), student, texts) >= 0.9
-    stored = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    stored = torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)
     assert len(stored["ffn_activity"]) == zhie.load(teacher).model.encoder.config.num_hidden_layers
-    monkeypatch.setattr(students, "teacher_targets", lambda *a, **k: pytest.fail("the teacher ran again"))
+    monkeypatch.setattr(teachers, "teacher_targets", lambda *a, **k: pytest.fail("the teacher ran again"))
     distill_student([teacher], ner_files / "train.jsonl", **args)  # finished: the stored activity is enough
     # reused outputs without the head activity: measured by a pass of the encoder alone, the targets not run again
     distill_student([teacher], ner_files / "train.jsonl", **{**args, "out": tmp_path / "h", "ffn_width": None,
                                                              "attention_heads": 1, "targets_from": tmp_path / "s",
                                                              "config": _config(1)})
-    reused = torch.load(tmp_path / "h" / students.TARGETS, weights_only=False)
+    reused = torch.load(tmp_path / "h" / teachers.TARGETS, weights_only=False)
     assert len(reused["head_activity"]) == len(stored["ffn_activity"])
     assert all(torch.equal(a.target[1], b.target[1]) for a, b in zip(reused["lessons"], stored["lessons"]))
     with pytest.raises(ValueError, match="student.ffn_width: 128 -> 64"):
@@ -319,7 +324,7 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     width); trained, it agrees with the teacher and its export predicts what it predicts; a width that is not a
     multiple of 64 and a teacher without BERT's embeddings are refused."""
     from zhie.encoders.conv import conv_student
-    from zhie.training.students import narrow_student
+    from zhie.training.student_models import narrow_student
 
     teacher = trained("ner-gp")
     encoder = zhie.load(teacher).model.encoder.eval()
@@ -336,7 +341,7 @@ def test_a_narrow_student_starts_from_the_teachers_embeddings_agrees_and_exports
     with pytest.raises(ValueError, match="multiple of 64"):  # refused before the teacher runs
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "w", student="narrow", width=96,
                         config=_config(1), progress=False)
-    assert not (tmp_path / "w" / students.TARGETS).exists()
+    assert not (tmp_path / "w" / teachers.TARGETS).exists()
 
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
                     unlabelled=[ner_files / "unlabelled.txt"], student="narrow", encoder_layers=2, width=64,
@@ -425,7 +430,7 @@ def test_a_cut_student_with_bigrams_and_fewer_heads_learns_saves_and_exports(ner
         with pytest.raises(ValueError, match=message):  # refused before the teacher runs
             distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "n", encoder_layers=1,
                             config=_config(1), progress=False, **bad)
-        assert not (tmp_path / "n" / students.TARGETS).exists()
+        assert not (tmp_path / "n" / teachers.TARGETS).exists()
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", dev=ner_files / "dev.jsonl",
                     unlabelled=[ner_files / "unlabelled.txt"], encoder_layers=1, keep_layers="spread", bigrams=97,
                     attention_heads=1, config=_config(6), progress=False)
@@ -434,7 +439,7 @@ def test_a_cut_student_with_bigrams_and_fewer_heads_learns_saves_and_exports(ner
     assert (config.model_type, config.bigram_buckets, config.attention_heads_kept, config.num_hidden_layers) == (
         "zhie_student_bert", 97, 1, 1)
     assert student.model.encoder.bigram_embeddings.weight.abs().sum() > 0  # the table learnt
-    assert len(torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)["head_activity"]) == 2
+    assert len(torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)["head_activity"]) == 2
     recipe = json.loads((tmp_path / "s" / "distill.json").read_text())
     assert (recipe["student"], recipe["bigrams"], recipe["attention_heads"], recipe["kept_layers"]) == (
         "cut", 97, 1, [1])
@@ -478,7 +483,7 @@ def test_a_convolutional_students_dilations_and_bigrams_are_its_own_and_in_its_r
     with pytest.raises(ValueError, match="dilations"):  # refused before the teacher runs
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "z", student="conv", dilations=[0],
                         config=_config(1), progress=False)
-    assert not (tmp_path / "z" / students.TARGETS).exists()
+    assert not (tmp_path / "z" / teachers.TARGETS).exists()
     assert dilation_list("1,2,4,8") == [1, 2, 4, 8]
     with pytest.raises(argparse.ArgumentTypeError, match="separated by commas"):
         dilation_list("1 2")
@@ -496,7 +501,7 @@ def test_a_fresh_student_starts_again_from_the_teachers_pretrained_encoder(tmp_p
     with torch.no_grad():  # its fine-tuning
         for p in teacher.parameters():
             p.add_(0.5)
-    fresh = students.fresh_encoder(teacher, tokenizer, str(tmp_path / "enc"), seed=0)
+    fresh = student_models.fresh_encoder(teacher, tokenizer, str(tmp_path / "enc"), seed=0)
     rows = full.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
     torch.testing.assert_close(fresh.get_input_embeddings().weight, base.get_input_embeddings().weight[rows],
                                rtol=0, atol=0)
@@ -508,7 +513,7 @@ def test_a_fresh_student_starts_again_from_the_teachers_pretrained_encoder(tmp_p
     other.save_pretrained(tmp_path / "other")
     other_tokens.save_pretrained(tmp_path / "other")
     with pytest.raises(ValueError, match="not fine-tuned from"):
-        students.fresh_encoder(teacher, tokenizer, str(tmp_path / "other"), seed=0)
+        student_models.fresh_encoder(teacher, tokenizer, str(tmp_path / "other"), seed=0)
 
 
 def test_a_fresh_student_of_a_random_encoder_is_initialised_anew_and_learns_from_its_teacher(ner_files, tmp_path):
@@ -537,10 +542,10 @@ def test_a_run_reuses_the_teacher_outputs_of_an_earlier_run_of_the_same_teacher_
     def no_teacher(*_args, **_kwargs):
         raise AssertionError("the teacher ran again")
 
-    monkeypatch.setattr(students, "teacher_targets", no_teacher)
+    monkeypatch.setattr(teachers, "teacher_targets", no_teacher)
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "conv", student="conv", width=32,
                     targets_from=tmp_path / "first", **args)
-    first, again = (torch.load(tmp_path / d / students.TARGETS, weights_only=False) for d in ("first", "conv"))
+    first, again = (torch.load(tmp_path / d / teachers.TARGETS, weights_only=False) for d in ("first", "conv"))
     assert again["identity"] == first["identity"] and len(again["lessons"]) == len(first["lessons"])
     with pytest.raises(ValueError, match="other temperature"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "t2", temperature=2.0,
@@ -585,12 +590,12 @@ def test_a_student_matching_the_teachers_hidden_states_stores_them_once_and_agre
                 encoder_layers=3, width=64, head="egp", config=_config(8), progress=False)
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "first", **{**args, "config": _config(1)})
     calls = []
-    real = students.teacher_hidden
-    monkeypatch.setattr(students, "teacher_targets", lambda *a, **k: pytest.fail("the teacher's outputs ran again"))
-    monkeypatch.setattr(students, "teacher_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = teachers.teacher_hidden
+    monkeypatch.setattr(teachers, "teacher_targets", lambda *a, **k: pytest.fail("the teacher's outputs ran again"))
+    monkeypatch.setattr(teachers, "teacher_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
     distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "s", hidden_weight=1.0,
                     targets_from=tmp_path / "first", **args)  # the stored outputs, and one pass for the states
-    stored = torch.load(tmp_path / "s" / students.TARGETS, weights_only=False)
+    stored = torch.load(tmp_path / "s" / teachers.TARGETS, weights_only=False)
     lesson = stored["lessons"][0]
     assert calls == [1] and lesson.hidden.dtype == torch.float16
     assert lesson.hidden.shape == (len(lesson.item.ids) + 2, zhie.load(teacher).model.encoder.config.hidden_size)
@@ -604,14 +609,14 @@ def test_a_student_matching_the_teachers_hidden_states_stores_them_once_and_agre
 
 
 def test_the_distill_command_trains_a_student_adversarially_when_asked(ner_files, tmp_path):
-    """``zhie distill --teacher … --adversarial fgm``: the student's training config records FGM and the student differs
+    """``zhie distill student … --adversarial fgm``: the student's training config records FGM and the student differs
     from the one trained the same way without it (the perturbed second pass changes every step); the MTMT student
-    refuses the flag."""
+    refuses the flag (argparse's exit: it is no flag of ``zhie distill mtmt``)."""
     from zhie.cli import main
 
     teacher = trained("ner-gp")
-    common = ["distill", "--teacher", str(teacher), "--train", str(ner_files / "train.jsonl"), "--encoder-layers", "1",
-              "--epochs", "1", "--lr", "2e-3", "--seed", "0", "--quiet"]
+    common = ["distill", "student", "--teacher", str(teacher), "--train", str(ner_files / "train.jsonl"),
+              "--encoder-layers", "1", "--epochs", "1", "--lr", "2e-3", "--seed", "0", "--quiet"]
     assert main([*common, "--out", str(tmp_path / "plain")]) == 0
     assert main([*common, "--out", str(tmp_path / "fgm"), "--adversarial", "fgm", "--adv-epsilon", "0.5"]) == 0
     record = json.loads((tmp_path / "fgm" / "best" / "training.json").read_text(encoding="utf-8"))
@@ -619,5 +624,7 @@ def test_the_distill_command_trains_a_student_adversarially_when_asked(ner_files
     plain, fgm = (zhie.load(tmp_path / d / "best").model.encoder.encoder.layer[0].output.dense.weight
                   for d in ("plain", "fgm"))
     assert not torch.allclose(plain, fgm)
-    assert main(["distill", "--recognizer", str(teacher), "--evaluator", str(teacher), "--target",
-                 str(ner_files / "unlabelled.txt"), "--out", str(tmp_path / "m"), "--adversarial", "fgm"]) == 2
+    with pytest.raises(SystemExit) as refused:
+        main(["distill", "mtmt", "--recognizer", str(teacher), "--evaluator", str(teacher), "--target",
+              str(ner_files / "unlabelled.txt"), "--out", str(tmp_path / "m"), "--adversarial", "fgm"])
+    assert refused.value.code == 2

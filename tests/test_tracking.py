@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zhie.training import TrainConfig, load_checkpoint
-from zhie.training.loop import log_interval
+from zhie.training.progress import log_interval
 from zhie.training.report import plot_history, read_metrics, smooth
 
 from .test_training import loss_fn, run

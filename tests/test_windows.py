@@ -12,7 +12,8 @@ from zhie import encoders
 from zhie.core.spans import Span
 from zhie.heads import RelationLogits
 from zhie.model import Model
-from zhie.tasks.ner import NerConfig, NerTask
+from zhie.tasks.ner import NerTask
+from zhie.tasks.ner_heads import NerConfig
 from zhie.tasks.relation import RelationConfig, RelationTask
 
 N, MAX_LENGTH, OVERLAP = 50, 18, 6  # windows of 16 content tokens: [0, 16), [10, 26), [20, 36), [30, 46), [40, 50)

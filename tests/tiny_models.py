@@ -211,6 +211,6 @@ def train_multitask(out: Path, epochs: int = 4) -> Path:
     write_segmented_corpus(out / "cws.txt")
     write_pairs(out / "pairs.tsv")
     (out / "mt.toml").write_text(MULTITASK_CONFIG, encoding="utf-8")
-    zhie.fit("multitask", out=out / "run", encoder="tiny", config_file=out / "mt.toml", config=_config(epochs),
+    zhie.fit("multitask", out=out / "run", encoder="tiny", tasks_file=out / "mt.toml", config=_config(epochs),
              resume=False, progress=False)
     return out / "run" / "best"

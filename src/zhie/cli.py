@@ -34,46 +34,28 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from zhie import tasks  # noqa: E402  (after the setting above: this imports numpy)
 from zhie.core.files import atomic_write_text, check_file_target  # noqa: E402
+from zhie.core.options import Parser, add_config_flags, add_flags, option_fields, positive_int, values_from_flags  # noqa: E402
 from zhie.data import FORMATS  # noqa: E402
-from zhie.deploy import stream  # noqa: E402
-from zhie.precision import PRECISIONS  # noqa: E402
-from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags, positive_int  # noqa: E402
+from zhie.deploy import outputs, stream  # noqa: E402
+from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags  # noqa: E402
 from zhie.tasks.modeldir import resolve_model_dir  # noqa: E402
 from zhie.version import __version__  # noqa: E402
 
 
 def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
-    if data:  # a task whose own options name its data (multitask's --config) has none of these
-        p.add_argument("--train", required=True, help="training file")
-        p.add_argument("--dev", required=True, help="development file, evaluated after each epoch")
-        p.add_argument("--format", default="auto", choices=["auto", *FORMATS], help="NER file format")
-    p.add_argument("--encoder", default="e5-small",
-                   help="a local HF model directory, e5-small (offline default), tiny, or a hub name")
-    p.add_argument("--out", required=True, help="run directory (best/ holds the best model)")
-    p.add_argument("--encoder-layers", type=int, default=None, help="keep only the encoder's first N layers")
-    p.add_argument("--unshare-layers", action="store_true",
-                   help="ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
-    p.add_argument("--keep-tokens", default="auto", choices=["auto", "all", "cjk", "data"],
-                   help="prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k")
+    """``zhie train TASK``'s flags besides the task's own: :class:`~zhie.training.config.RunOptions`' (no --train,
+    --dev, --format for a task whose own options name its data: multitask's --tasks) and
+    :class:`~zhie.training.TrainConfig`'s, each with its help and default (:func:`zhie.core.options.add_flags`)."""
+    from zhie.training.config import RunOptions, add_session_flags, add_train_flags
+
+    names = [f.name for f in option_fields(RunOptions) if data or f.name not in ("train", "dev", "format")]
+    add_flags(p, RunOptions, names)
+    for action in p._actions:  # given on the command line or by --config FILE
+        action.required = action.dest in ("train", "dev", "out")
     p.add_argument("--mixed-precision", dest="precision", action=_MixedPrecision, choices=["no", "fp16", "bf16"],
                    default=argparse.SUPPRESS, help="deprecated: use --precision (no = fp32)")  # --precision's default
-    p.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    from zhie.training.config import add_train_flags
-
+    add_session_flags(p)
     add_train_flags(p)  # TrainConfig's fields, each with its help and default (zhie.core.options.option)
-
-
-def _watch_flags(p: argparse.ArgumentParser, where: str) -> argparse.ArgumentParser:
-    """The engine's flags for watching a run (zhie.training.tracking), on every command that trains."""
-    g = p.add_argument_group("watching the run")
-    g.add_argument("--log-every", type=int, default=None, metavar="STEPS",
-                   help="steps between the step records of metrics.jsonl (mean loss, learning rates, gradient norm, "
-                        "tokens/s); default: about 100 per run, at least one every 50 steps")
-    g.add_argument("--report-to", nargs="+", default=["none"], metavar="TRACKER",
-                   help=f"experiment trackers: tensorboard, mlflow, wandb (several allowed) or none; offline, in "
-                        f"{where} (install: pip install 'zhie[tensorboard]', 'zhie[mlflow]', 'zhie[wandb]')")
-    return p
 
 
 class _MixedPrecision(argparse.Action):
@@ -86,9 +68,9 @@ class _MixedPrecision(argparse.Action):
 
 
 TRAIN_HELP = "train a model"
-# the help lines of the jobs' own parsers (zhie.training.distill's, zhie.training.pretrain's)
-DISTILL_HELP = ("a smaller, faster student of a trained model (--teacher), or the MTMT student of cross-lingual NER "
-                "(--recognizer, --evaluator; spec 10.3)")
+# the help lines of the jobs' own parsers (zhie.training.students' and mtmt's, zhie.training.pretrain's)
+DISTILL_HELP = ("distil a model: `student`, a smaller, faster student of a trained model; `mtmt`, the student of "
+                "cross-lingual NER (spec 10.3)")
 PRETRAIN_HELP = "masked-LM pre-training of an encoder on raw text (from scratch or continued)"
 
 
@@ -96,7 +78,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``zhie`` parser: every command with its flags, or, given ``argv``, only the command it names with its flags
     and the others as one line of help (their modules, and the tasks', are not imported)."""
     command = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
-    parser = argparse.ArgumentParser(prog="zhie", description="Chinese information extraction in PyTorch.")
+    parser = Parser(prog="zhie", description="Chinese information extraction in PyTorch.")
     parser.add_argument("--version", action="version", version=f"zhie {__version__}")
     parser.add_argument("--debug", "--verbose", action="store_true",
                         help="show the library's debug messages, and the traceback of an error (before the command: "
@@ -107,9 +89,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _predict_parser(sub)
     _task_commands(sub, command)
     _job_parsers(sub, command)
-    _serve_parser(sub)
-    _export_parser(sub)
-    _demo_parser(sub)
+    _serve_parser(sub, command)
+    _export_parser(sub, command)
+    _demo_parser(sub, command)
     return parser
 
 
@@ -129,45 +111,51 @@ def _task_flags(p: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
     group = p.add_argument_group(f"{cls.name} options")
     cls.add_arguments(group)
     p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
-    return p
+    from zhie.training import TrainConfig
+
+    return add_config_flags(p, f"train {cls.name}", {"training": [f.name for f in option_fields(TrainConfig)],
+                                                     cls.name: p.get_default("task_options")})
 
 
 def expand_run_config(argv: list[str]) -> list[str]:
-    """``zhie train --config FILE [FLAG ...]`` as ``zhie train TASK`` with the flags that the settings of ``FILE`` (a
-    run directory's ``config.toml``, or one written by hand: the flags' names as keys, the training options in a
-    ``[training]`` table, the task's in a table named after it) stand for, then the flags given, which override
-    them. Any other command line is returned as it is."""
-    if argv[:2] != ["train", "--config"] or len(argv) < 3:
-        return argv
-    import tomllib
+    """The command line ``argv`` (after zhie's own flags) with what the settings file stands for: ``zhie train --config
+    FILE ...`` (no task: the task is the one FILE names, as a run directory's ``config.toml`` does) as ``zhie train
+    TASK --config FILE ...``; and the older spellings, with a deprecation warning: ``zhie distill --teacher ...`` as
+    ``zhie distill student``, ``zhie distill --recognizer ...`` as ``zhie distill mtmt``, and ``zhie train multitask
+    --config MEMBERS`` (a file of ``[[tasks]]``) as ``--tasks MEMBERS``. Any other command line is returned as it is."""
+    if argv[:2] == ["train", "--config"] and len(argv) >= 3:
+        from zhie.core import config_file
 
-    path = argv[2]
+        command, _ = config_file.read(argv[2])
+        if command is None or not command.startswith("train "):
+            raise ValueError(f'{argv[2]}: it names no task to train: add task = "ner" (one of '
+                             f"{', '.join(c.name for c in tasks.all_tasks())}), or give it: zhie train TASK --config "
+                             f"{argv[2]}")
+        return ["train", command.split(" ", 1)[1], *argv[1:]]
+    if argv[:1] == ["distill"] and len(argv) > 1 and argv[1].startswith("-") and argv[1] not in ("-h", "--help"):
+        job = "mtmt" if {"--recognizer", "--evaluator", "--target"} & set(argv) else "student"
+        _deprecated(f"zhie distill {argv[1]} ...", f"zhie distill {job} {argv[1]} ...")
+        return ["distill", job, *argv[1:]]
+    if argv[:2] == ["train", "multitask"] and "--config" in argv and "--tasks" not in argv:
+        i = argv.index("--config") + 1
+        if i < len(argv) and members_file(argv[i]):
+            _deprecated("zhie train multitask --config MEMBERS", "zhie train multitask --tasks MEMBERS")
+            return [*argv[:i - 1], "--tasks", *argv[i:]]
+    return argv
+
+
+def members_file(path: str) -> bool:
+    """Whether ``path`` is a multi-task members file (a list of ``[[tasks]]``), not a job's settings."""
+    from zhie.multitask.config import load_file
+
     try:
-        with open(path, "rb") as f:
-            settings = tomllib.load(f)
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"{path}: not a TOML file ({err})") from None
-    name = settings.pop("task", None)
-    if not isinstance(name, str):
-        raise ValueError(f'{path}: no task: name the task to train (task = "ner"; one of '
-                         f"{', '.join(c.name for c in tasks.all_tasks())})")
-    cls = tasks.get(name)
-    actions = {a.dest: a for a in _task_flags(argparse.ArgumentParser(), cls)._actions if a.option_strings}
-    flat = {**{k: v for k, v in settings.items() if not isinstance(v, dict)}, **settings.get("training", {}),
-            **settings.get(cls.name, {})}
-    unknown = [k for k in flat if k not in actions] + [k for k, v in settings.items()
-                                                      if isinstance(v, dict) and k not in ("training", cls.name)]
-    if unknown:
-        raise ValueError(f"{path}: {', '.join(unknown)}: not a setting of zhie train {cls.name} (see zhie train "
-                         f"{cls.name} --help; training options go in [training], the task's in [{cls.name}])")
-    flags = []
-    for dest, value in flat.items():
-        action = actions[dest]
-        if action.nargs == 0:  # a switch: given when the setting is not its default
-            flags += [action.option_strings[0]] if value != action.default else []
-        elif value != []:  # an empty list (no trackers) is the default
-            flags += [action.option_strings[0], *map(str, value if isinstance(value, list) else [value])]
-    return ["train", cls.name, *flags, *argv[3:]]
+        return isinstance(load_file(Path(path)).get("tasks"), list)
+    except ValueError:
+        return False
+
+
+def _deprecated(old: str, new: str) -> None:
+    print(f"zhie: warning: `{old}` is deprecated; use `{new}`", file=sys.stderr)
 
 
 def _eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -188,7 +176,7 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
     pr = sub.add_parser("predict", help="predict with a trained model; JSON lines out, in input order")
     pr.add_argument("model", help="model directory (or a run directory with best/)")
     add_prediction_flags(pr)
-    pr.add_argument("--output-format", default="zhie", choices=OUTPUT_FORMATS,
+    pr.add_argument("--output-format", default="zhie", choices=outputs.OUTPUT_FORMATS,
                     help="zhie: JSON lines {\"text\", OUTPUT_KEY}; doccano: doccano's JSON lines to import (NER: "
                          "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"}); label-studio: a "
                          "JSON list of Label Studio tasks to import, one per input line, the predictions as "
@@ -211,86 +199,53 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _job_parsers(sub: argparse._SubParsersAction, command: str | None) -> None:
-    """The training jobs besides ``zhie train`` (``distill``, ``pretrain``): their parsers, from their modules (which
-    import torch), only when asked."""
+    """The training jobs besides ``zhie train`` (``distill student``, ``distill mtmt``, ``pretrain``): their parsers,
+    from their modules (which import torch), only when asked."""
+    distill = sub.add_parser("distill", help=DISTILL_HELP)
     if command in (None, "distill"):
-        from zhie.training import distill
+        from zhie.training import mtmt, students
 
-        distill.add_command(sub)
-    else:
-        sub.add_parser("distill", help=DISTILL_HELP)
+        jobs = distill.add_subparsers(dest="job", required=True, metavar="JOB")
+        students.add_command(jobs)
+        mtmt.add_command(jobs)
     if command in (None, "pretrain"):
         from zhie.training import pretrain
 
-        _watch_flags(pretrain.add_command(sub), "<out>-logs")
+        pretrain.add_command(sub)
     else:
         sub.add_parser("pretrain", help=PRETRAIN_HELP)
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
+def _serve_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     sv = sub.add_parser("serve", help="serve a model over HTTP (API, request batching, a page at /); the serve extra")
+    if command not in (None, "serve"):
+        return
+    serve = _extra("zhie.deploy.serve", "serve")
     sv.add_argument("model", help="model directory, run directory with best/, or export directory")
-    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    sv.add_argument("--port", type=port_number, default=8000)
-    sv.add_argument("--max-batch", type=positive_int, default=64,
-                    help="texts per model call, gathered across requests (1: no batching)")
-    sv.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a call waits for more requests")
-    sv.add_argument("--batch-size", type=positive_int, default=32,
-                    help="texts per forward pass inside a call, of similar lengths (as zhie predict's)")
-    sv.add_argument("--max-queue", type=positive_int, default=1024,
-                    help="texts waiting for the model (503 with Retry-After above)")
-    sv.add_argument("--timeout", type=float, default=30.0,
-                    help="seconds a request may take (504 after; texts not yet run are dropped); 0: no limit")
-    sv.add_argument("--max-texts", type=positive_int, default=256,
-                    help="texts per request, pairs for /similarity (413 above)")
-    sv.add_argument("--max-text-length", type=positive_int, default=10_000, help="characters per text (413 above)")
-    sv.add_argument("--max-in-flight", type=positive_int, default=256,
-                    help="requests in flight, /health and the page not counted (503 with Retry-After above)")
-    key = sv.add_mutually_exclusive_group()
-    key.add_argument("--api-key-file", default=None, metavar="FILE",
-                     help="require 'Authorization: Bearer KEY' (all but /health, the page), KEY the file's first line; "
-                          "default: $ZHIE_API_KEY if set")
-    key.add_argument("--api-key", default=None, help="the key itself (visible in ps: prefer the file or ZHIE_API_KEY)")
-    sv.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if there is one)")
-    sv.add_argument("--precision", default="fp32", choices=PRECISIONS,
-                    help="the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)")
+    add_flags(sv, serve.ServeOptions)
+    add_flags(sv.add_argument_group("request batching"), serve.Batching)
+    add_flags(sv.add_argument_group("limits"), serve.Limits)
+    add_config_flags(sv, "serve")
 
 
-def port_number(value: str) -> int:
-    """``--port``: a TCP port, 0 to 65535 (0: one the system picks)."""
-    port = int(value)
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {value}")
-    return port
-
-
-def _export_parser(sub: argparse._SubParsersAction) -> None:
+def _export_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     ex = sub.add_parser("export", help="export a model to ONNX (decoding stays outside the graph); the export extra")
+    if command not in (None, "export"):
+        return
+    export = _extra("zhie.deploy.export", "export")
     ex.add_argument("model", help="model directory (or a run directory with best/)")
-    ex.add_argument("--out", required=True, help="export directory; zhie.load, predict and serve run it on onnxruntime")
-    ex.add_argument("--opset", type=int, default=None,
-                    help="ONNX opset (default 23, the first with ONNX's own Attention operator; onnxruntime >= 1.23)")
-    ex.add_argument("--quantize", default=None, choices=["int8"],
-                    help="int8 quantisation (dynamic: int8 weights, activations quantised per batch at run time)")
-    ex.add_argument("--per-channel", action="store_true", help="int8: one scale per output channel of each weight")
-    ex.add_argument("--reduce-range", action="store_true",
-                    help="int8: 7-bit weights, which the int8 kernels of x86 CPUs without VNNI (AVX2) cannot "
-                         "saturate; more accurate there (see export.json's int8_max_abs_diff)")
-    ex.add_argument("--keep-fp32", action="append", default=[], metavar="PATTERN",
-                    help="int8: weights whose name contains PATTERN stay fp32 (repeatable), e.g. 'embeddings' (the "
-                         "embedding table) or 'layer.11.' (e5-small's last layer); the names are the torch model's "
-                         "parameters (model.encoder.encoder.layer.0.attention.self.query.weight, ...)")
-    ex.add_argument("--calibrate", default=None, metavar="FILE",
-                    help="int8: static quantisation (uint8 activations too), their ranges measured on the texts of "
-                         "FILE: one text per line, or JSON lines with a field 'text' (e.g. the training file)")
-    ex.add_argument("--calibrate-lines", type=int, default=None, metavar="N",
-                    help="read the first N texts of --calibrate FILE (default 200)")
+    add_flags(ex, export.ExportOptions)
+    add_config_flags(ex, "export")
 
 
-def _demo_parser(sub: argparse._SubParsersAction) -> None:
+def _demo_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     demo = sub.add_parser("demo", help="train, evaluate and predict on a small corpus zhie writes itself")
+    if command not in (None, "demo"):
+        return
+    from zhie.training.config import RunOptions
+
     demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--encoder", default="e5-small")
+    demo.add_argument("--encoder", default=RunOptions.encoder, help=f"(default: {RunOptions.encoder})")
     demo.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
     demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--quiet", action="store_true")
@@ -314,17 +269,29 @@ def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None
 
 def cmd_train(args) -> None:
     import zhie
-    from zhie.training import is_main_process
     from zhie.training.config import config_from_flags
 
-    result = zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
-                      encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
-                      unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
-                      config=config_from_flags(args), resume=not args.no_resume, progress=not args.quiet,
-                      **{dest: getattr(args, dest) for dest in args.task_options})
-    best = {"best": result["best"], "best_step": result.get("best_step"), "model": str(Path(args.out) / "best")}
-    if is_main_process():  # under torchrun, once
-        print(json.dumps(best, ensure_ascii=False))
+    return zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
+                    encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
+                    unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
+                    config=config_from_flags(args), resume=not args.no_resume, progress=not args.quiet,
+                    **{dest: getattr(args, dest) for dest in args.task_options})
+
+
+def report_run(args, result: dict) -> None:
+    """What a training job's command says at its end (once, under torchrun): the best evaluation and where the model
+    is, as one JSON line; and, when the job found its run directory finished and trained nothing, how to train it
+    again (a rerun is never a silent no-op)."""
+    from zhie.dist import is_main_process
+
+    if not is_main_process():
+        return
+    print(json.dumps({"best": result["best"], "best_step": result.get("best_step"),
+                      "model": str(Path(args.out) / "best")}, ensure_ascii=False))
+    if not result.get("session_steps"):
+        print(f"zhie: warning: {args.out} holds a finished run of this configuration, so nothing was trained; to "
+              f"train it again, give a new run directory (--out NEW) or start this one afresh (--no-resume)",
+              file=sys.stderr)
 
 
 def cmd_eval(args) -> None:
@@ -380,7 +347,7 @@ def cmd_predict(args) -> None:
     if args.output:
         check_file_target(Path(args.output))
     pipe = zhie.load(args.model, device=args.device, precision=args.precision)
-    if args.output_format == "label-studio" and pipe.task.output_key not in _label_studio().OUTPUT_KEYS:
+    if args.output_format == "label-studio" and pipe.task.output_key not in outputs.label_studio().OUTPUT_KEYS:
         raise ValueError(f"{args.model} is a {pipe.task.name} model, whose predictions have no Label Studio form: "
                          "--output-format label-studio is for NER, word segmentation and relation models")
     write_outputs(args, pipe)
@@ -417,78 +384,17 @@ def write_outputs(args, pipe, command=None) -> None:
         print(f"{args.output}: {' x '.join(map(str, shape))} float32; {stream.mask_path(args.output)}: which rows "
               f"hold a text's vector (the others, of blank or skipped lines, are zeros)", file=sys.stderr)
     elif getattr(args, "output_format", "zhie") == "label-studio":  # a JSON list, not lines: Label Studio imports that
-        stream.write_lines(args.output, label_studio_lines(args, pipe.task, results), args.chunk_lines)
+        names = {"from_name": args.ls_from_name, "to_name": args.ls_to_name, "data_key": args.ls_data_key}
+        version = args.ls_model_version or outputs.label_studio().model_version(resolve_model_dir(args.model),
+                                                                               pipe.task.name)
+        stream.write_lines(args.output, outputs.label_studio_lines(names, version, pipe.task, results),
+                           args.chunk_lines)
     else:
         plain = command.plain if command is not None and command.plain is not None and not args.json else None
-        record = output_record(pipe.task, getattr(args, "output_format", "zhie"))
-        stream.write_lines(args.output, (output_line(pipe.task, line, p, plain, record) for line, p in results),
-                           args.chunk_lines)
+        record = outputs.output_record(pipe.task, getattr(args, "output_format", "zhie"))
+        stream.write_lines(args.output, (outputs.output_line(pipe.task, line, p, plain, record)
+                                         for line, p in results), args.chunk_lines)
     reader.report()
-
-
-# what json.dumps(value, ensure_ascii=False) writes, without the encoder that json.dumps builds anew on each call
-# given an option (a few microseconds a line)
-JSON_LINE = json.JSONEncoder(ensure_ascii=False)
-
-
-OUTPUT_FORMATS = ("zhie", "doccano", "label-studio")  # zhie predict --output-format
-
-
-def output_record(task, output_format: str):
-    """``record(text, prediction) -> dict``, the JSON object of one output line of ``zhie predict --output-format``
-    (:data:`OUTPUT_FORMATS`), or None for zhie's own ``{"text", OUTPUT_KEY}``; ``label-studio``, a JSON list rather than
-    lines, is :func:`label_studio_lines`'."""
-    if output_format == "zhie":
-        return None
-    if output_format == "doccano":
-        from zhie.data import doccano
-
-        return doccano.records(task.output_key)
-    raise ValueError(f"unknown output format {output_format!r}; use one of {', '.join(OUTPUT_FORMATS)}")
-
-
-def output_line(task, line: stream.Line, prediction, plain=None, record=None) -> str:
-    """The output line of one input ``line`` of ``zhie predict`` (``segment``, ``embed``): ``{"text", OUTPUT_KEY}``
-    with the task's JSON of ``prediction``, ``record(text, prediction)`` (:func:`output_record`), or
-    ``plain(prediction)`` (a :class:`zhie.tasks.cli_flags.TextCommand`'s plain lines); for a bad line skipped with
-    ``--skip-bad-lines``, ``{"file", "line", "error"}`` (plain: an empty line)."""
-    if line.error is not None:
-        return "" if plain is not None else JSON_LINE.encode({"file": line.path, "line": line.number,
-                                                              "error": line.error})
-    if plain is not None:
-        return plain(prediction)
-    if record is not None:
-        return JSON_LINE.encode(record(line.text, prediction))
-    return JSON_LINE.encode({"text": line.text, task.output_key: task.to_json(prediction)})
-
-
-def _label_studio():
-    """:mod:`zhie.data.label_studio`, imported when asked for (it is not on the path of a plain ``zhie predict``)."""
-    from zhie.data import label_studio
-
-    return label_studio
-
-
-def label_studio_lines(args, task, results) -> Iterator[str]:
-    """``zhie predict --output-format label-studio``: a JSON list of Label Studio tasks, one a line and one per input
-    line (the first line opens the list, one more closes it): the text and its prediction as a pre-annotation
-    (:func:`zhie.data.label_studio.prediction_task`), or for a bad line skipped with ``--skip-bad-lines`` an empty
-    text and in ``meta`` the file, line and error."""
-    names = {"from_name": args.ls_from_name, "to_name": args.ls_to_name, "data_key": args.ls_data_key}
-    label_studio = _label_studio()
-    config = label_studio.LabelConfig(**{k: v for k, v in names.items() if v is not None})
-    version = args.ls_model_version or label_studio.model_version(resolve_model_dir(args.model), task.name)
-    opening = "["
-    for line, prediction in results:
-        if line.error is not None:
-            item = {"data": {config.data_key: ""},
-                    "meta": {"file": line.path, "line": line.number, "error": line.error}}
-        else:
-            result = label_studio.prediction_result(task.output_key, task.to_json(prediction), config)
-            item = label_studio.prediction_task(line.text, result, version, config)
-        yield opening + JSON_LINE.encode(item)
-        opening = ","
-    yield "]" if opening == "," else "[]"
 
 
 def cmd_demo(args) -> None:
@@ -528,11 +434,10 @@ def _extra(module: str, extra: str):
 
 def cmd_serve(args) -> None:
     serve = _extra("zhie.deploy.serve", "serve")
-    limits = serve.Limits(max_texts=args.max_texts, max_text_length=args.max_text_length,
-                          max_in_flight=args.max_in_flight)
-    batching = serve.Batching(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, batch_size=args.batch_size,
-                              max_queue=args.max_queue, timeout=args.timeout or None)
-    serve.serve(args.model, host=args.host, port=args.port, batching=batching, limits=limits,
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ValueError("give the key once: --api-key-file FILE or --api-key KEY, not both")
+    serve.serve(args.model, host=args.host, port=args.port, batching=serve.Batching(**values_from_flags(
+                    args, serve.Batching)), limits=serve.Limits(**values_from_flags(args, serve.Limits)),
                 api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
                 precision=args.precision)
 
@@ -550,8 +455,9 @@ def cmd_export(args) -> None:
                          f"--out {args.out} --quantize int8 {given[0]} ...)")
     if args.calibrate_lines is not None and not args.calibrate:
         raise ValueError("--calibrate-lines N counts the texts of --calibrate FILE: give --calibrate FILE too")
-    calibration = None if args.calibrate is None else calibration_texts(args.calibrate, args.calibrate_lines or 200)
-    out = export.export(args.model, args.out, opset=args.opset or export.DEFAULT_OPSET, quantize=args.quantize,
+    calibration = None if args.calibrate is None else export.calibration_texts(
+        args.calibrate, export.CALIBRATION_TEXTS if args.calibrate_lines is None else args.calibrate_lines)
+    out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize,
                         per_channel=args.per_channel, reduce_range=args.reduce_range, keep_fp32=args.keep_fp32,
                         calibration=calibration)
     record = json.loads((out / export.EXPORT_FILE).read_text(encoding="utf-8"))
@@ -560,38 +466,14 @@ def cmd_export(args) -> None:
     print(json.dumps({"export": str(out), **{k: record[k] for k in keys if k in record}}, ensure_ascii=False))
 
 
-def calibration_texts(path: str, n: int) -> list[str]:
-    """The first ``n`` texts of ``zhie export --calibrate FILE`` (:func:`zhie.data.base.read_texts`' lines)."""
-    from itertools import islice
-
-    from zhie.data.base import iter_texts
-
-    if n < 1:
-        raise ValueError(f"--calibrate-lines {n}: give a positive number of texts (default 200)")
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"--calibrate {path}: no such file; give a text file, one text per line (or JSON "
-                                f"lines with a field 'text', e.g. the model's training file)")
-    texts = list(islice((text for _, text in iter_texts(path) if text is not None), n))
-    if not texts:
-        raise ValueError(f"--calibrate {path}: the file has no text (blank lines are skipped); give a file of the "
-                         f"texts the model will read, one per line")
-    return texts
-
-
-def cmd_distill(args) -> None:
-    from zhie.training import distill
-
-    distill.cmd_distill(args)
-
-
 def cmd_pretrain(args) -> None:
     from zhie.training import pretrain
 
     pretrain.cmd_pretrain(args)
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo, "distill": cmd_distill,
-            "pretrain": cmd_pretrain, "serve": cmd_serve, "export": cmd_export}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "demo": cmd_demo, "pretrain": cmd_pretrain,
+            "serve": cmd_serve, "export": cmd_export}
 TORCH_MODULES = ("torch", "transformers", "accelerate")  # the train extra's; an export runs without them
 
 
@@ -604,15 +486,35 @@ def main(argv: list[str] | None = None) -> int:
     with show_logs(debug):
         try:
             argv = argv[:command] + expand_run_config(argv[command:])  # after zhie's own flags (--debug)
-            args = build_parser(argv).parse_args(argv)
-            handler = getattr(args, "handler", None)  # a task's own command that is not over texts
-            (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
+            parser = build_parser(argv)
+            args = parser.parse_args(argv)
+            if getattr(args, "print_config", False):
+                print_config(args)
+                return 0
+            handler = getattr(args, "handler", None)  # a job's or a task's own command
+            result = (handler or (cmd_task_command if hasattr(args, "task_command") else COMMANDS[args.command]))(args)
+            if isinstance(result, dict) and "session_steps" in result:  # a training job's summary
+                report_run(args, result)
         except KeyboardInterrupt:
             print("zhie: interrupted", file=sys.stderr)
             return 130
         except Exception as err:
             return report_error(err, debug)
     return 0
+
+
+def print_config(args) -> None:
+    """``--print-config``: the job's settings in ``args`` as its configuration file (:mod:`zhie.core.config_file`),
+    in the tables its parser names (TrainConfig's in ``[training]``, a task's own in a table of its name)."""
+    from zhie.core import config_file
+
+    parser = args.job_parser
+    settings = parser.settings(args)
+    tables = {name: {dest: settings.pop(dest) for dest in dests if dest in settings}
+              for name, dests in parser.tables.items()}
+    header = f"# zhie {parser.job}: every setting; run it with zhie {parser.job} --config FILE\n"
+    print(config_file.dumps(parser.job, settings, {name: table for name, table in tables.items() if table}, None,
+                            header), end="")
 
 
 class _Lines(logging.Formatter):

@@ -87,7 +87,7 @@ class Ensemble(Model):
     """Several models of one task (the same heads, the same vocabulary: seeds of one training), answering as one
     model: each head's output is the members' mean (for GPLinker's :class:`~zhie.heads.RelationLogits`, field by
     field), and :meth:`head_weights` the mean of theirs (a CRF decodes with the mean transitions). A distillation
-    teacher (``zhie distill --teacher A --teacher B …``)."""
+    teacher (``zhie distill student --teacher A --teacher B …``)."""
 
     def __init__(self, models: Sequence[Model]) -> None:
         if not models:

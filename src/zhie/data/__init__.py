@@ -4,9 +4,9 @@ Bad input raises :class:`DataError`, whose message is ``"path:line: reason"``.
 """
 
 from zhie.data.base import DataError
+from zhie.data.example import NerExample
 from zhie.data.ner import (
     FORMATS,
-    NerExample,
     detect_format,
     read_cluener,
     read_cmeee,

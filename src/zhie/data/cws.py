@@ -13,7 +13,7 @@ from pathlib import Path
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, iter_lines
-from zhie.data.ner import NerExample
+from zhie.data.example import NerExample
 
 
 def words_to_example(words: list[str]) -> NerExample:

@@ -22,7 +22,7 @@ from pathlib import Path
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, iter_lines, json_line
-from zhie.data.ner import NerExample, _check_range, _example, _text
+from zhie.data.example import NerExample, check_range, make_example, text_field
 from zhie.data.spo import SpoExample, Triple
 
 UNTYPED = "ENTITY"  # the doccano label of an entity that has no type (a relation model's mentions)
@@ -78,7 +78,7 @@ def _entities(path: PathLike, lineno: int, record: dict, text: str) -> dict[obje
 def _span(path: PathLike, lineno: int, text: str, start, end, label, what: str) -> Span:
     if not isinstance(label, str) or not label:
         raise DataError(path, lineno, f"{what}: the label must be a non-empty string (the type), got {label!r}")
-    _check_range(path, lineno, text, start, end, what)
+    check_range(path, lineno, text, start, end, what)
     return Span(start, end, label, text[start:end])
 
 
@@ -114,7 +114,7 @@ def _records(path: PathLike) -> Iterator[tuple[int, dict, str]]:
         if line.strip():
             empty = False
             record = json_line(path, lineno, line)
-            yield lineno, record, _text(path, lineno, record)
+            yield lineno, record, text_field(path, lineno, record)
     if empty:
         raise DataError(path, 1, "empty file: no records")
 
@@ -126,7 +126,7 @@ def read_doccano(path: PathLike) -> list[NerExample]:
     for lineno, record, text in _records(path):
         entities = _entities(path, lineno, record, text)
         _relations(path, lineno, record, entities)
-        out.append(_example(text, ((s.start, s.end, s.label) for s in entities.values())))
+        out.append(make_example(text, ((s.start, s.end, s.label) for s in entities.values())))
     return out
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, iter_json_list
 from zhie.data.cws import words_to_example
-from zhie.data.ner import NerExample
+from zhie.data.example import NerExample
 from zhie.data.spo import SpoExample, Triple
 
 FORMAT = "label-studio"

@@ -28,55 +28,16 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span, tags_to_spans
 from zhie.data.base import DataError, PathLike, iter_json_list, iter_lines, json_line
+from zhie.data.doccano import is_doccano, read_doccano
+from zhie.data.example import NerExample, check_range, is_int, make_example, text_field
 
-
-@dataclass
-class NerExample:
-    """A text and its entity spans, sorted by (start, end, label), with exclusive ends; ``source``, where a reader
-    says where the example is (``file:line: task 3``), for errors about it."""
-
-    text: str
-    spans: list[Span] = field(default_factory=list)
-    source: str | None = field(default=None, compare=False, repr=False)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Shared helpers
-# ----------------------------------------------------------------------------------------------------
-
-
-def _example(text: str, triples: Iterable[tuple[int, int, str]]) -> NerExample:
-    """Deduplicate and sort (start, end_exclusive, label) triples into an example."""
-    return NerExample(text, [Span(s, e, label, text[s:e]) for s, e, label in sorted(set(triples))])
-
-
-def _text(path: PathLike, lineno: int, record: dict, where: str = "") -> str:
-    if "text" not in record:
-        raise DataError(path, lineno, f"missing field 'text'{where}")
-    text = record["text"]
-    if not isinstance(text, str):
-        raise DataError(path, lineno, f"field 'text' must be a string, got {type(text).__name__}{where}")
-    return text
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _check_range(path, lineno, text: str, start, end, what: str) -> None:
-    """Check an exclusive range [start, end) is a non-empty piece of ``text``."""
-    if not (_is_int(start) and _is_int(end)):
-        raise DataError(path, lineno, f"{what}: offsets must be integers, got {start!r}, {end!r}")
-    if not 0 <= start < end <= len(text):
-        raise DataError(
-            path, lineno, f"{what}: range [{start}, {end}) is empty or outside the text (length {len(text)})"
-        )
+__all__ = ["FORMATS", "NerExample", "detect_format", "read_cluener", "read_cmeee", "read_conll", "read_ner",
+           "read_ner_jsonl", "write_ner_jsonl"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -85,7 +46,7 @@ def _check_range(path, lineno, text: str, start, end, what: str) -> None:
 
 
 def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
-    text = _text(path, lineno, record)
+    text = text_field(path, lineno, record)
     label = record.get("label")
     if label is None:  # the test split has no labels
         return NerExample(text, [])
@@ -105,8 +66,8 @@ def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
                 if not (isinstance(pair, list) and len(pair) == 2):
                     raise DataError(path, lineno, f"{what}: expected a [start, end] pair, got {pair!r}")
                 start, end_incl = pair
-                end = end_incl + 1 if _is_int(end_incl) else end_incl
-                _check_range(path, lineno, text, start, end, what)
+                end = end_incl + 1 if is_int(end_incl) else end_incl
+                check_range(path, lineno, text, start, end, what)
                 if text[start:end] != mention:
                     raise DataError(
                         path,
@@ -115,7 +76,7 @@ def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
                         f"(end inclusive), which reads {text[start:end]!r}",
                     )
                 triples.append((start, end, etype))
-    return _example(text, triples)
+    return make_example(text, triples)
 
 
 def read_cluener(path: PathLike) -> list[NerExample]:
@@ -211,7 +172,8 @@ def read_conll(
             starts.append(pos)
             pos += len(tok) + len(sep)
         text = sep.join(tokens)
-        out.append(_example(text, ((starts[s], starts[e - 1] + len(tokens[e - 1]), lab) for s, e, lab in tok_spans)))
+        ends = [start + len(tok) for start, tok in zip(starts, tokens)]
+        out.append(make_example(text, ((starts[s], ends[e - 1], lab) for s, e, lab in tok_spans)))
     return out
 
 
@@ -224,7 +186,7 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
     where = f" (record {index})"
     if not isinstance(record, dict):
         raise DataError(path, lineno, f"expected a JSON object, got {type(record).__name__}{where}")
-    text = _text(path, lineno, record, where)
+    text = text_field(path, lineno, record, where)
     entities = record.get("entities", [])  # a test split has only texts
     if not isinstance(entities, list):
         raise DataError(path, lineno, f"field 'entities' must be a list{where}")
@@ -239,8 +201,8 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
         start, end_incl, etype, mention = ent["start_idx"], ent["end_idx"], ent["type"], ent["entity"]
         if not isinstance(etype, str) or not etype:
             raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string, got {etype!r}")
-        end = end_incl + 1 if _is_int(end_incl) else end_incl
-        _check_range(path, lineno, text, start, end, what)
+        end = end_incl + 1 if is_int(end_incl) else end_incl
+        check_range(path, lineno, text, start, end, what)
         if text[start:end] != mention:
             raise DataError(
                 path,
@@ -249,7 +211,7 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
                 f"(end inclusive), which reads {text[start:end]!r}",
             )
         triples.append((start, end, etype))
-    return _example(text, triples)
+    return make_example(text, triples)
 
 
 def read_cmeee(path: PathLike) -> list[NerExample]:
@@ -266,7 +228,7 @@ def read_cmeee(path: PathLike) -> list[NerExample]:
 
 
 def _jsonl_record(path: PathLike, lineno: int, record: dict) -> NerExample:
-    text = _text(path, lineno, record)
+    text = text_field(path, lineno, record)
     key = "entities" if "entities" in record else "spans"
     entities = record.get(key, [])
     if not isinstance(entities, list):
@@ -282,7 +244,7 @@ def _jsonl_record(path: PathLike, lineno: int, record: dict) -> NerExample:
         start, end, label = ent["start"], ent["end"], ent["label"]
         if not isinstance(label, str) or not label:
             raise DataError(path, lineno, f"{what}: 'label' must be a non-empty string (the type), got {label!r}")
-        _check_range(path, lineno, text, start, end, what)
+        check_range(path, lineno, text, start, end, what)
         if "text" in ent and ent["text"] != text[start:end]:
             raise DataError(
                 path,
@@ -321,8 +283,6 @@ FORMATS = ("cluener", "conll", "cmeee", "jsonl", "wikiann", "conll2003", "doccan
 
 def detect_format(path: PathLike) -> str:
     """Guess a NER file's format from its content (see :func:`read_ner`)."""
-    from zhie.data.doccano import is_doccano
-
     first = None
     for lineno, line in iter_lines(path):
         stripped = line.strip()
@@ -330,7 +290,7 @@ def detect_format(path: PathLike) -> str:
             continue
         if first is None:
             first = stripped[0]
-            if first == "[":
+            if first == "[":  # Label Studio's module (xml, hashlib: ~30 ms) is imported only for a JSON list
                 from zhie.data import label_studio
 
                 return label_studio.FORMAT if label_studio.is_export(path) else "cmeee"
@@ -374,8 +334,6 @@ def read_ner(path: PathLike, format: str = "auto", *, strip_lang_prefix: bool = 
     if format == "jsonl":
         return read_ner_jsonl(path)
     if format == "doccano":
-        from zhie.data.doccano import read_doccano
-
         return read_doccano(path)
     if format == "label-studio":
         from zhie.data import label_studio

@@ -57,6 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from zhie.core import card
+from zhie.core.options import option
 from zhie.core.text import TextTokenizer
 from zhie.deploy import runtime
 from zhie.deploy.runtime import EXPORT_FILE, GRAPH_FILE, INPUTS, is_export
@@ -214,9 +215,57 @@ def largest_difference(expected: list[Tensor], got: list[np.ndarray]) -> float:
     return worst
 
 
-def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int = DEFAULT_OPSET,
-           quantize: str | None = None, per_channel: bool = False, reduce_range: bool = False,
-           keep_fp32: Sequence[str] = (), calibration: Sequence[str] | None = None) -> Path:
+@dataclasses.dataclass
+class ExportOptions:
+    """The options of ``zhie export`` (:func:`export`'s keywords take their defaults from here)."""
+
+    out: str | None = option(None, "export directory; zhie.load, predict and serve run it on onnxruntime",
+                             required=True)
+    opset: int = option(DEFAULT_OPSET, "ONNX opset (23: the first with ONNX's own Attention operator; onnxruntime "
+                                       ">= 1.23)")
+    quantize: str | None = option(None, "int8 quantisation (dynamic: int8 weights, activations quantised per batch at "
+                                        "run time)", choices=("int8",))
+    per_channel: bool = option(False, "int8: one scale per output channel of each weight")
+    reduce_range: bool = option(False, "int8: 7-bit weights, which the int8 kernels of x86 CPUs without VNNI (AVX2) "
+                                       "cannot saturate; more accurate there (see export.json's int8_max_abs_diff)")
+    keep_fp32: tuple[str, ...] | None = option(None, "int8: weights whose name contains PATTERN stay fp32 "
+                                                     "(repeatable), e.g. 'embeddings' (the embedding table) or "
+                                                     "'layer.11.' (e5-small's last layer); the names are the torch "
+                                                     "model's parameters "
+                                                     "(model.encoder.encoder.layer.0.attention.self.query.weight, ...)",
+                                               action="extend", metavar="PATTERN")
+    calibrate: str | None = option(None, "int8: static quantisation (uint8 activations too), their ranges measured on "
+                                         "the texts of FILE: one text per line, or JSON lines with a field 'text' "
+                                         "(e.g. the training file)", metavar="FILE")
+    calibrate_lines: int | None = option(None, "read the first N texts of --calibrate FILE (default 200)",
+                                         metavar="N")
+
+
+CALIBRATION_TEXTS = 200  # --calibrate FILE: the texts read when --calibrate-lines is not given
+
+
+def calibration_texts(path: str, n: int) -> list[str]:
+    """The first ``n`` texts of ``zhie export --calibrate FILE`` (:func:`zhie.data.base.read_texts`' lines)."""
+    from itertools import islice
+
+    from zhie.data.base import iter_texts
+
+    if n < 1:
+        raise ValueError(f"--calibrate-lines {n}: give a positive number of texts (default {CALIBRATION_TEXTS})")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--calibrate {path}: no such file; give a text file, one text per line (or JSON "
+                                f"lines with a field 'text', e.g. the model's training file)")
+    texts = list(islice((text for _, text in iter_texts(path) if text is not None), n))
+    if not texts:
+        raise ValueError(f"--calibrate {path}: the file has no text (blank lines are skipped); give a file of the "
+                         f"texts the model will read, one per line")
+    return texts
+
+
+def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int = ExportOptions.opset,
+           quantize: str | None = ExportOptions.quantize, per_channel: bool = ExportOptions.per_channel,
+           reduce_range: bool = ExportOptions.reduce_range, keep_fp32: Sequence[str] | None = ExportOptions.keep_fp32,
+           calibration: Sequence[str] | None = None) -> Path:
     """Write the export directory ``out`` for the model in ``model_dir`` (atomically); returns ``out``.
 
     ``quantize="int8"`` quantises the graph; ``per_channel``, ``reduce_range``, ``keep_fp32`` (substrings of weight
@@ -234,7 +283,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
 
     if quantize not in (None, "int8"):
         raise ValueError(f"unknown quantisation {quantize!r}; use int8 (or none)")
-    keep_fp32 = (keep_fp32,) if isinstance(keep_fp32, str) else tuple(keep_fp32)
+    keep_fp32 = (keep_fp32,) if isinstance(keep_fp32, str) else tuple(keep_fp32 or ())
     calibration = None if calibration is None else list(calibration)
     given = [name for name, value in (("per_channel", per_channel), ("reduce_range", reduce_range),
                                       ("keep_fp32", keep_fp32), ("calibration", calibration is not None)) if value]

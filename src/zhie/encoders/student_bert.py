@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 from transformers import BertConfig, BertModel
 
-from zhie.encoders import Activity
 from zhie.encoders.conv import bigram_ids
+from zhie.encoders.prune import Activity
 
 __all__ = ["HeadActivity", "StudentBertConfig", "StudentBertModel", "check_student_bert", "student_bert"]
 

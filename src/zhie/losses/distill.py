@@ -1,4 +1,4 @@
-"""Soft-target losses of same-language distillation (``zhie distill --teacher``, :mod:`zhie.training.students`).
+"""Soft-target losses of same-language distillation (``zhie distill student``, :mod:`zhie.training.students`).
 
 A teacher's outputs on a training window are computed once and stored compactly; a student's loss compares its own
 outputs with them. One loss per output type, each in fp32, each the soft form of the head's own training loss:

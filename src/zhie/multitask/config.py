@@ -1,4 +1,4 @@
-"""The config file of a multi-task run (``zhie train multitask --config FILE``), read and checked into a
+"""The config file of a multi-task run (``zhie train multitask --tasks FILE``), read and checked into a
 :class:`MultitaskFile` by :func:`read`.
 
 The file (TOML; YAML too when PyYAML is installed) lists the member tasks and the weighting scheme::
@@ -120,7 +120,7 @@ def _read_once(path: Path, cwd: str, stamp: tuple[int, ...], task_class: Callabl
 
 
 def _read(path: Path, task_class: Callable[[str], type]) -> MultitaskFile:
-    data = _load_file(path)
+    data = load_file(path)
     for key in data:
         if key not in ("tasks", "weighting", "sampling"):
             raise ConfigError(f"{path}: {key}: not a key of a multi-task config; it has [[tasks]], [weighting] and "
@@ -196,7 +196,7 @@ def _read(path: Path, task_class: Callable[[str], type]) -> MultitaskFile:
     return MultitaskFile(path, tuple(specs), Weighting(**weighting), Sampling(**sampling))
 
 
-def _load_file(path: Path) -> dict:
+def load_file(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     try:

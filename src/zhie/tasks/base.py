@@ -8,7 +8,8 @@ A task is one class in one file under ``zhie/tasks/`` (see :class:`Task`); :mod:
 :mod:`~zhie.tasks.modeldir` (model directories on disk), :mod:`~zhie.tasks.batching` (padding, batches),
 :mod:`~zhie.tasks.encoder_prep` (the encoder a run starts from), :mod:`~zhie.tasks.cli_flags` (flags and commands)
 and :mod:`~zhie.tasks.pipeline` (what :func:`zhie.load` returns); their names are also importable from here, as they
-were before they moved.
+were before they moved. Those modules sit below this one: what they need of a task is
+:class:`~zhie.tasks.pipeline.PipelineTask`, so none imports it.
 
 This module, and a task's module, import no torch: prediction runs on numpy arrays (a model's :meth:`arrays`, decoded
 by :mod:`zhie.core.decoding`) so that an export predicts without torch (:mod:`zhie.deploy.runtime`); what trains (heads,
@@ -238,10 +239,11 @@ class Task:
         raise ValueError(f"no prior loss is derived for the {self.name} task; use another weighting scheme")
 
     # ---------------------------------------------------------------------------------------- distillation
-    # ``zhie distill --teacher`` (:mod:`zhie.training.students`): the student's items are this task's training items,
+    # ``zhie distill student`` (:mod:`zhie.training.students`): the student's items are this task's training items,
     # of the labelled examples and of unlabelled texts that the teacher labels; each item carries the teacher's soft
     # targets, computed once (``soft_targets``), added to its batch (``soft_batch``) and scored (``soft_loss``).
     hard_labels: ClassVar[bool] = True  # False: the student learns from the teacher's outputs only (no hard loss)
+    soft_temperature: ClassVar[bool] = True  # False: soft_targets and soft_loss take no temperature (--temperature)
 
     def distill_items(self, examples: list, texts: list[str], label: Callable[[list[str]], list]) -> list:
         """The student's training items: those of the labelled ``examples`` and of the unlabelled ``texts``, labelled

@@ -1,7 +1,8 @@
 """The command-line flags that tasks and the prediction commands share: a task's own command over texts
 (:func:`add_text_command`, :class:`TextCommand`), the input, output and batching flags of ``zhie predict``,
 ``segment``, ``embed`` and ``eval`` (:func:`add_prediction_flags`, :func:`add_batching_flags`), and the checks of
-flag values (:func:`positive_int`, :func:`device_name`, :func:`check_max_length`, :func:`only_auto_format`).
+flag values (:func:`device_name`, :func:`check_max_length`, :func:`only_auto_format`; positive numbers:
+:func:`zhie.core.options.positive_int`).
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ import argparse
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from zhie.core.options import positive_int
 from zhie.data.base import TEXT_FORMATS
 from zhie.precision import PRECISIONS
-from zhie.tasks.pipeline import CHUNK_LINES
-
-if TYPE_CHECKING:
-    from zhie.tasks.base import Task
+from zhie.tasks.pipeline import CHUNK_LINES, PipelineTask
 
 
 @dataclass(frozen=True)
@@ -30,13 +29,13 @@ class TextCommand:
     one array; ``options``: the keywords of the pipeline's ``stream`` that the command's own flags give (``zhie
     embed --no-normalize``)."""
 
-    task: type[Task]
+    task: type[PipelineTask]  # the Task subclass whose models the command takes
     plain: Callable[[Any], str] | None = None
     vectors: bool = False
     options: Callable[[argparse.Namespace], dict] | None = None
 
 
-def add_text_command(commands: argparse._SubParsersAction, task: type[Task], name: str, help: str, *,
+def add_text_command(commands: argparse._SubParsersAction, task: type[PipelineTask], name: str, help: str, *,
                      plain: Callable[[Any], str] | None = None, vectors: bool = False,
                      options: Callable[[argparse.Namespace], dict] | None = None, batch_size: int = 32,
                      **flags) -> argparse.ArgumentParser:
@@ -105,13 +104,6 @@ def check_max_length(max_length: int) -> int:
         raise ValueError(f"--max-length {max_length}: a window (a sentence) holds [CLS], [SEP] and at least one token "
                          "of text; give 3 or more")
     return max_length
-
-
-def positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return number
 
 
 def only_auto_format(format: str, what: str) -> None:

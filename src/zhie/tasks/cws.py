@@ -22,7 +22,8 @@ from zhie.data.cws import read_segmented
 from zhie.tasks import register
 from zhie.tasks.base import Task, WindowedTask
 from zhie.tasks.cli_flags import add_text_command, check_max_length, only_auto_format
-from zhie.tasks.ner import TAGGER_HEADS, NerConfig, NerTask
+from zhie.tasks.ner import NerTask
+from zhie.tasks.ner_heads import TAGGER_HEADS, NerConfig
 from zhie.tasks.pipeline import Pipeline
 
 VOCAB_FILE = "train_words.txt"

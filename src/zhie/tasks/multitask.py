@@ -1,4 +1,4 @@
-"""Several tasks on one shared encoder: ``zhie train multitask --config FILE [--weighting SCHEME]`` (spec §5).
+"""Several tasks on one shared encoder: ``zhie train multitask --tasks FILE [--weighting SCHEME]`` (spec §5).
 
 The config file (TOML; YAML too when PyYAML is installed; :mod:`zhie.multitask.config`) lists the member tasks (each
 its name, task, data files, batch size, sampling weight and options), the weighting scheme (``[weighting]``) and how
@@ -172,7 +172,7 @@ class MultiTask(WindowedTask):
     to that member's prediction (span members only)."""
 
     name = "multitask"
-    help = "several tasks on one shared encoder (--config FILE; the loss weighting schemes of spec 5)"
+    help = "several tasks on one shared encoder (--tasks FILE; the loss weighting schemes of spec 5)"
     config_class = MultitaskConfig
     output_key = "tasks"
     metric = "score"
@@ -213,8 +213,8 @@ class MultiTask(WindowedTask):
     # ---------------------------------------------------------------------------------------- data and config
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--config", dest="config_file", required=True,
-                            help="the members and the weighting scheme (TOML; YAML with PyYAML)")
+        parser.add_argument("--tasks", dest="tasks_file", required=True, metavar="FILE",
+                            help="the members and the weighting scheme (TOML; YAML with PyYAML); formerly --config")
         parser.add_argument("--weighting", default=None, choices=SCHEMES,
                             help="loss weighting scheme (default: the config's, else real-time)")
 
@@ -223,20 +223,20 @@ class MultiTask(WindowedTask):
         raise ValueError("a multi-task model is scored one member at a time: zhie eval DIR --task NAME --data FILE")
 
     @classmethod
-    def read_splits(cls, train_path, dev_path, format: str = "auto", *, config_file, **options):
+    def read_splits(cls, train_path, dev_path, format: str = "auto", *, tasks_file, **options):
         if train_path is not None or dev_path is not None:
-            raise ValueError("a multi-task run reads its data from the files its --config names, not --train/--dev")
+            raise ValueError("a multi-task run reads its data from the files its --tasks names, not --train/--dev")
         splits = ([], [])
-        for s in read_file(config_file).members:
+        for s in read_file(tasks_file).members:
             member_cls = tasks.get(s.task)
             for split, file in zip(splits, (s.train, s.dev)):
                 split.append(MemberExamples(s.name, s.task, member_cls.read(file, s.format)))
         return splits
 
     @classmethod
-    def data_files(cls, train_path, dev_path, *, config_file, **options) -> dict[str, str]:
+    def data_files(cls, train_path, dev_path, *, tasks_file, **options) -> dict[str, str]:
         """The config file and each member's ``NAME/train`` and ``NAME/dev`` files."""
-        return {"config": str(config_file), **{f"{s.name}/{role}": path for s in read_file(config_file).members
+        return {"config": str(tasks_file), **{f"{s.name}/{role}": path for s in read_file(tasks_file).members
                                                for role, path in (("train", s.train), ("dev", s.dev))}}
 
     @staticmethod
@@ -250,22 +250,22 @@ class MultiTask(WindowedTask):
                 for t in member_cls.vocabulary_texts(d.examples, member_cls.config_class(**members[d.name]["config"]))]
 
     @classmethod
-    def configure(cls, examples: list[MemberExamples], *, encoder: str, config_file,
+    def configure(cls, examples: list[MemberExamples], *, encoder: str, tasks_file,
                   weighting: str | None = None) -> MultitaskConfig:
-        file = read_file(config_file)
+        file = read_file(tasks_file)
         members, configs = [], []
         for s, data in zip(file.members, examples):
             member_cls = tasks.get(s.task)
             try:
                 c = member_cls.configure(data.examples, encoder=encoder, **s.options)
             except ValueError as err:
-                raise ConfigError(f"{config_file}: task {s.name!r}: {err}") from None
+                raise ConfigError(f"{tasks_file}: task {s.name!r}: {err}") from None
             configs.append((member_cls, c))
             members.append({"name": s.name, "task": s.task, "config": asdict(c), "batch_size": s.batch_size,
                             "sampling_weight": s.sampling_weight, "train": s.train, "dev": s.dev})
         spans = [c for member_cls, c in configs if issubclass(member_cls, WindowedTask)]
         if len({c.mode for c in spans}) > 1:
-            raise ConfigError(f"{config_file}: the span tasks (ner, cws, re) share one encoder pass and must share "
+            raise ConfigError(f"{tasks_file}: the span tasks (ner, cws, re) share one encoder pass and must share "
                               f"one mode; they have {', '.join(sorted({c.mode for c in spans}))}")
         w = file.weighting
         given = {"weighting": weighting or w.scheme, "main": w.main, "gamma": w.gamma,
@@ -280,7 +280,7 @@ class MultiTask(WindowedTask):
                 max_length=min((c.max_length for c in spans), default=256),
                 overlap=max((c.overlap for c in spans), default=32))
         except ValueError as err:
-            raise ConfigError(f"{config_file}: {err}") from None
+            raise ConfigError(f"{tasks_file}: {err}") from None
 
     # ---------------------------------------------------------------------------------------- training
     def loop_config(self, config):

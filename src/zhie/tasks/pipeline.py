@@ -11,7 +11,7 @@ import contextlib
 import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from zhie.precision import autocast
 from zhie.tasks.batching import chunks
@@ -19,9 +19,24 @@ from zhie.tasks.modeldir import read_meta
 
 if TYPE_CHECKING:
     from zhie.model import Model
-    from zhie.tasks.base import Task
 
 CHUNK_LINES = 4096  # texts read and predicted at a time by Pipeline.stream (zhie predict's --chunk-lines)
+
+
+class PipelineTask(Protocol):
+    """What a pipeline, and a command over texts (:class:`zhie.tasks.cli_flags.TextCommand`), use of a task: every
+    :class:`zhie.tasks.base.Task` has it. Declared here so that this module, below the task protocol, needs no
+    import of it."""
+
+    name: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]]
+    output_key: ClassVar[str]
+
+    def predict(self, model: Model, texts: list[str], batch_size: int = 32, max_tokens: int | None = None) -> list:
+        ...
+
+    def evaluate(self, model: Model, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
+        ...
 
 
 class Pipeline:
@@ -32,7 +47,7 @@ class Pipeline:
     :class:`zhie.deploy.runtime.OnnxModel` (CPU, fp32).
     """
 
-    def __init__(self, task: Task, model: Model, device: str | None = None, precision: str = "fp32") -> None:
+    def __init__(self, task: PipelineTask, model: Model, device: str | None = None, precision: str = "fp32") -> None:
         self.task, self.model = task, model
         if device is None:
             import torch

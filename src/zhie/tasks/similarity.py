@@ -204,6 +204,8 @@ class SimilarityTask(Task):
         no label is read: the targets are the teacher's vectors."""
         return self.encode([*examples, *(Pair(a, b, 0.0) for a, b in zip(texts[0::2], texts[1::2]))])
 
+    soft_temperature = False  # the student matches the teacher's pair similarities: nothing to soften
+
     def soft_targets(self, vectors: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
         """Per pair, the teacher's two sentence vectors ``[2, d]`` (fp16)."""
         import torch

@@ -9,7 +9,7 @@ Three models, all word-level (one prediction per word, on its first sub-word: :m
   dropout), trained with BCE against "the two words have the same BIO tag", on word pairs from
   :func:`zhie.losses.mtmt.sample_pairs` (class-balanced: the official loader's ``isequal``);
 * the **student** (``zhie distill``): one fresh encoder + one linear head, trained on unlabelled target-language
-  pairs with :func:`zhie.losses.mtmt.mtmt_loss`, is a job on the training engine: :mod:`zhie.training.distill`, which
+  pairs with :func:`zhie.losses.mtmt.mtmt_loss`, is a job on the training engine: :mod:`zhie.training.mtmt`, which
   reads the target words through this module's :func:`word_inputs` and :func:`word_outputs`.
 
 Like every task module this one imports torch only where it trains or runs a torch model.

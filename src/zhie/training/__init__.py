@@ -10,7 +10,8 @@ from .batching import epoch_batches
 from .checkpoint import atomic_torch_save, load_checkpoint, replace_dir
 from .config import TrainConfig
 from .ema import EMA
-from .loop import Job, run, train
+from .job import Job
+from .loop import run, train
 from .optim import (
                     NO_DECAY,
                     Lamb,

@@ -1,4 +1,5 @@
-"""Resumable checkpoints (written atomically, see :mod:`zhie.core.files`) and random-number-generator states."""
+"""Resumable checkpoints (written atomically, see :mod:`zhie.core.files`), the check that a checkpoint belongs to the
+run that would resume it (:func:`check_resumable`), random-number-generator states, and the lock of a run directory."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import inspect
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,17 @@ import torch
 
 from zhie.core.files import atomic_write, atomic_write_text, recover_dir, replace_dir
 
-__all__ = ["atomic_torch_save", "atomic_write", "atomic_write_text", "load_checkpoint", "recover_dir",
-           "replace_dir", "rng_state", "set_rng_state"]
+from .config import TrainConfig
+
+__all__ = ["CHECKPOINT_FORMAT", "START_OVER", "atomic_torch_save", "atomic_write", "atomic_write_text",
+           "check_resumable", "load_checkpoint", "recover_dir", "replace_dir", "rng_state", "set_rng_state"]
+
+# 3: the model and its loss module under "model" and "loss_fn", the job's data position under "data", each process's
+# generators and running loss under "ranks".
+# 4: records with a "kind" (step records), the windows of the step records and the evaluations under "ranks".
+CHECKPOINT_FORMAT = 4
+START_OVER = ("start this run over with --no-resume (resume=False in Python), or give it another output directory "
+              "(--out)")
 
 
 def atomic_torch_save(obj: object, path: Path) -> None:
@@ -26,6 +37,33 @@ def atomic_torch_save(obj: object, path: Path) -> None:
 def load_checkpoint(path: Path) -> dict:
     """Load a checkpoint written by the training loop (tensors and plain python only: ``weights_only``)."""
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_resumable(saved: dict, current: dict, resumable: frozenset[str], path: Path) -> None:
+    """Refuse to resume a checkpoint written by a run that would compute something else: ``saved`` and ``current``
+    are the ``meta`` of the checkpoint and of this run (``format``, the :class:`TrainConfig` as a dict under
+    ``config``, the job's own settings); ``resumable``: the config fields that may differ."""
+    if saved.get("format") != current["format"]:
+        raise ValueError(f"{path} has checkpoint format {saved.get('format')!r}, this version writes "
+                         f"{current['format']}; {START_OVER}")
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    old = {**defaults, **saved["config"]}  # a field added since the checkpoint was written had its default then
+    changes = [_change(f"config.{key}", old.get(key), value)
+               for key, value in current["config"].items() if key not in resumable and old.get(key) != value]
+    changes += [_change(key, saved[key], value) if key in saved else f"{key}: not recorded by the run that wrote it"
+                for key, value in current.items() if key not in ("config", "format") and saved.get(key) != value]
+    if changes:
+        raise ValueError(f"{path} was written by a different run; resuming it would mix two runs. What differs:\n  "
+                         + "\n  ".join(changes) + f"\nRun with the same settings and data, or {START_OVER}")
+
+
+def _change(key: str, old, new) -> str:
+    """One line of a refused resume: ``key`` was ``old``, is now ``new`` (long values cut; a data file's hash says
+    that the file changed)."""
+    if key.startswith("data."):
+        return f"{key}: the file's contents changed (sha256 {str(old)[:12]}… -> {str(new)[:12]}…)"
+    old, new = repr(old), repr(new)
+    return f"{key}: {old if len(old) <= 80 else old[:77] + '...'} -> {new if len(new) <= 80 else new[:77] + '...'}"
 
 
 def rng_state() -> dict:

@@ -6,11 +6,12 @@ import argparse
 from dataclasses import dataclass, replace
 
 from zhie.core.options import add_flags, option, values_from_flags
+from zhie.data import FORMATS
 from zhie.precision import PRECISIONS, check_precision
 
 from .tracking import check_trackers
 
-__all__ = ["TrainConfig", "default_lr"]
+__all__ = ["RunOptions", "TrainConfig", "default_lr"]
 
 ADVERSARIAL = ("fgm", "pgd")
 # The default learning rates, measured on e5-small (384 wide): encoder 2e-4 and heads 10x that gave the README's NER
@@ -24,6 +25,25 @@ HEAD_LR_RATIO = 10.0
 OPTIMIZERS = ("adamw", "lamb")
 TRICKS = "training options"
 WATCH = "watching the run"
+
+
+KEEP_TOKENS = ("auto", "all", "cjk", "data")
+
+
+@dataclass
+class RunOptions:
+    """What a training job reads and where it writes, besides :class:`TrainConfig`: ``zhie train``'s data, encoder
+    and run directory flags (:func:`zhie.fit`'s keywords of the same names take their defaults from here)."""
+
+    train: str | None = option(None, "training file")
+    dev: str | None = option(None, "development file, evaluated after each epoch")
+    format: str = option("auto", "NER file format", choices=("auto", *FORMATS))
+    encoder: str = option("e5-small", "a local HF model directory, e5-small (offline default), tiny, or a hub name")
+    out: str | None = option(None, "run directory (best/ holds the best model)")
+    encoder_layers: int | None = option(None, "keep only the encoder's first N layers")
+    unshare_layers: bool = option(False, "ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
+    keep_tokens: str = option("auto", "prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k",
+                              choices=KEEP_TOKENS)
 
 
 @dataclass
@@ -147,6 +167,21 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of :class:`TrainConfig`'s option fields (:func:`zhie.core.options.add_flags`), into ``parser`` and
     their groups, each defaulting to its field's default."""
     add_flags(parser, TrainConfig)
+
+
+def add_job_flags(parser: argparse.ArgumentParser, options: type, training: list[str] | None = None,
+                  defaults: dict | None = None) -> None:
+    """A training job's flags: those of its ``options`` dataclass, :class:`TrainConfig`'s (``training``: those only;
+    ``defaults``: the job's own), and how a session goes (:func:`add_session_flags`)."""
+    add_flags(parser, options)
+    add_flags(parser, TrainConfig, training, defaults=defaults)
+    add_session_flags(parser)
+
+
+def add_session_flags(parser: argparse.ArgumentParser) -> None:
+    """``--no-resume`` and ``--quiet``, on every command that trains."""
+    parser.add_argument("--no-resume", action="store_true", help="start afresh even if --out has a checkpoint")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def config_from_flags(args: argparse.Namespace) -> TrainConfig:

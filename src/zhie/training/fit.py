@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from zhie import tasks
@@ -26,7 +25,7 @@ from zhie.tasks.batching import seeded
 from zhie.tasks.encoder_prep import prepare_encoder
 
 from .checkpoint import claims_out
-from .config import TrainConfig
+from .config import RunOptions, TrainConfig
 from .loop import train
 from .rdrop import RDropLoss
 from .record import file_facts, finish, run_record, saver, write_run_config
@@ -38,21 +37,21 @@ logger = logging.getLogger(__name__)
 
 @claims_out
 def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
-        dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = "e5-small",
-        keep_tokens: str = "auto", encoder_layers: int | None = None, unshare_layers: bool = False,
-        format: str = "auto", config: TrainConfig | None = None, resume: bool = True, progress: bool = True,
-        **options) -> dict:
+        dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = RunOptions.encoder,
+        keep_tokens: str = RunOptions.keep_tokens, encoder_layers: int | None = RunOptions.encoder_layers,
+        unshare_layers: bool = RunOptions.unshare_layers, format: str = RunOptions.format,
+        config: TrainConfig | None = None, resume: bool = True, progress: bool = True, **options) -> dict:
     """Train ``task`` (a registered name or class) on ``train_path``, keep the best model on ``dev_path`` in
     ``out/best``; returns the loop's summary (``best``, ``best_step``, ``steps``, ``history``).
 
     ``options`` are the task's own (its ``zhie train TASK`` flags: ``head``, ``max_length``, ``loss``, …; a task whose
-    options name its data, ``multitask``'s ``config_file``, needs no ``train_path`` and ``dev_path``);
+    options name its data, ``multitask``'s ``tasks_file``, needs no ``train_path`` and ``dev_path``);
     ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
     (:func:`~zhie.tasks.encoder_prep.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
     :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
     """
     cls = tasks.get(task) if isinstance(task, str) else task
-    config = config or TrainConfig()
+    given = config = config or TrainConfig()  # given: as the caller set it, rates None (derived) included
     out = Path(out)
     train_examples, dev_examples = cls.read_splits(train_path, dev_path, format, **options)
     task_config = cls.configure(train_examples, encoder=str(encoder), **options)
@@ -88,12 +87,11 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     if is_main_process():
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "data_stats.json", json.dumps(summary, ensure_ascii=False, indent=2))
-        write_run_config(out, {"task": cls.name, **data, **({"format": format} if cls.data_flags else {}),
-                               "encoder": str(encoder),
-                               "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
-                               "unshare_layers": unshare_layers, "out": str(out),
-                               "training": {k: v for k, v in asdict(config).items() if k != "find_unused_parameters"},
-                               cls.name: options})
+        write_run_config(out, f"train {cls.name}",
+                         {**data, **({"format": format} if cls.data_flags else {}), "encoder": str(encoder),
+                          "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
+                          "unshare_layers": unshare_layers, "out": str(out)},
+                         given, {"lr": config.lr, "head_lr": config.head_lr}, {cls.name: options})
         if progress:
             logger.info(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
                                    ensure_ascii=False))

@@ -1,7 +1,10 @@
 """``zhie pretrain``: masked-language-model pre-training from scratch, or continued on a domain's raw text.
 
-Just over 400 lines: the job's settings, the job and its command; the corpus (:mod:`zhie.training.corpus`), the
-masking (:mod:`zhie.encoders.mlm`) and the engine's parts (:mod:`zhie.training.pretrain_parts`) are apart.
+This module holds the job: the checks, the model and its MLM head, the objective (:class:`MaskedLMLoss`), the held-out
+evaluation (:class:`HeldOut`), the engine's :class:`~zhie.training.job.Job` and the command. Apart from it: the
+settings (:class:`~zhie.training.pretrain_config.PretrainConfig`, whose fields are also the command's flags), the
+corpus (:mod:`zhie.training.corpus`), the masked batches made of it (:mod:`zhie.training.pretrain_data`), the masking
+(:mod:`zhie.encoders.mlm`) and the output directory (:class:`zhie.training.rundir.Snapshot`).
 
 The corpus is plain UTF-8 text, one paragraph (or sentence) per line, in one or more files. It is **streamed**: each
 file is read line by line from a byte offset, never whole. The first ``heldout`` non-blank lines are kept out of
@@ -21,14 +24,11 @@ writes a whole new directory and renames it over ``out`` (:func:`zhie.core.files
 consistent snapshot, never half of one; bad input is found before anything is written. ``resume=True`` continues
 from the snapshot and computes exactly the batches, masks, dropout and weights of an uninterrupted run.
 
-Pre-training is a job on the training engine (:func:`zhie.training.loop.run`): the engine's optimizers (AdamW, or
-LAMB: AdamW with layer adaptation, no bias correction, GAU-α's recipe, spec §6.3), its linear warm-up (default none
-for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to 0, its precision (``auto``:
-bf16 autocast on CUDA GPUs that have it; weights and the loss stay fp32), checkpoints, records and plot. This module
-holds the settings (:class:`PretrainConfig`), the job (:func:`pretrain`: the checks, the model and its head, the
-engine's :class:`~zhie.training.loop.Job`) and its command; :mod:`zhie.training.pretrain_parts` the job's parts: the
-stream of masked batches (:class:`StreamBatches`), the objective (:class:`MaskedLMLoss`), the held-out evaluation
-(:class:`HeldOut`) and the output directory (:class:`Snapshot`).
+Pre-training is a job on the training engine (:func:`zhie.training.loop.run`, :class:`zhie.training.job.Job`): the
+engine's optimizers (AdamW, or LAMB: AdamW with layer adaptation, no bias correction, GAU-α's recipe, spec §6.3), its
+linear warm-up (default none for RoFormerV2/GAU-α, spec §6.4; 6 % of the steps for the others) then linear decay to
+0, its precision (``auto``: bf16 autocast on CUDA GPUs that have it; weights and the loss stay fp32), checkpoints,
+records and plot.
 
 Several processes (``torchrun --nproc-per-node N -m zhie pretrain ...``): every process reads the same stream; each
 step's global batch of ``batch_size x N`` sequences is masked as one process would mask it and each process trains on
@@ -44,14 +44,17 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from torch import Tensor, nn
 
 from zhie.core.files import recover_dir
+from zhie.core.options import add_config_flags, add_flags, option_fields, values_from_flags
+from zhie.core.text import TextTokenizer
 from zhie.encoders.mlm import MaskedLM, Masker, collate, load_head
-from zhie.precision import PRECISIONS, pick_precision
+from zhie.precision import autocast, pick_precision
 from zhie.training.checkpoint import claims_out
 from zhie.training.corpus import (
     MAX_LINE_BYTES,
@@ -64,108 +67,21 @@ from zhie.training.corpus import (
     pack,
     scan_corpus,
 )
-from zhie.training.pretrain_parts import (
-    CHECKPOINT,
-    METRICS,
-    PLOT,
-    SUMMARY,
-    HeldOut,
-    MaskedLMLoss,
-    Snapshot,
-    StreamBatches,
-    held_out,
-)
+from zhie.training.job import Job, join_processes
+from zhie.training.loop import run
+from zhie.training.pretrain_config import DATA_SETTINGS, OWN_ROPE, RESUMABLE_CHANGES, PretrainConfig
+from zhie.training.pretrain_data import StreamBatches, held_out_batches, make_masker
+from zhie.training.record import run_config_text
+from zhie.training.rundir import CHECKPOINT, METRICS, SUMMARY, Snapshot
 
-# the job is here; its parts, re-exported, in zhie.training.corpus, zhie.encoders.mlm and zhie.training.pretrain_parts
+# the job is here; its parts, re-exported, in zhie.training.corpus, zhie.encoders.mlm, zhie.training.pretrain_data and
+# zhie.training.rundir
 __all__ = ["HeldOut", "MaskedLMLoss", "Masker", "PretrainConfig", "Packer", "Snapshot", "StreamBatches",
            "TrainingStream", "add_command", "cmd_pretrain", "encode_lines", "iter_corpus", "pack", "pretrain",
-           "scan_corpus",
-           "CHECKPOINT", "METRICS", "PLOT", "SUMMARY", "MAX_LINE_BYTES", "CorpusInfo", "collate", "held_out",
+           "scan_corpus", "CHECKPOINT", "METRICS", "SUMMARY", "MAX_LINE_BYTES", "CorpusInfo", "collate",
            "make_segmenter"]
 
 logger = logging.getLogger(__name__)
-
-_OWN_ROPE = ("roformer_v2", "gau_alpha")  # RoPE only: no position table that limits the length
-
-
-# ---------------------------------------------------------------------------------------------------- settings
-@dataclass
-class PretrainConfig:
-    """Every setting that decides what pre-training computes (a resumed run must have the same ones, except those
-    of :data:`_RESUMABLE_CHANGES`)."""
-
-    steps: int = 10_000                 # optimizer steps
-    batch_size: int = 32                # sequences per batch (a step sees batch_size x grad_accum)
-    grad_accum: int = 1
-    max_length: int = 512               # tokens per packed sequence, [CLS] and [SEP] included
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    warmup: float | None = None         # fraction of the steps; None: 0 for RoFormerV2/GAU-α, 0.06 for the others
-    optimizer: str = "adamw"            # "adamw" or "lamb"
-    max_grad_norm: float | None = 1.0
-    mask: str = "whole-word"            # "whole-word" or "char"
-    mask_rate: float = 0.15
-    segmenter: str = "rjieba"           # "rjieba", "jieba" or a zhie CWS model directory (whole-word masking)
-    tokens: str = "char"                # "char" (zhie's tasks' mode) or "subword" (the tokenizer's own tokens)
-    keep_tokens: str = "auto"           # char mode: prune the vocabulary as zhie train does (auto, all, cjk, data)
-    heldout: int = 1000                 # the corpus's first non-blank lines, kept out of training
-    shuffle_buffer: int = 2000          # sequences
-    seed: int = 0
-    eval_every: int = 500               # steps between held-out evaluations
-    save_every: int = 1000              # steps between snapshots of out (always at the end)
-    precision: str = "auto"             # "auto" (bf16 autocast on CUDA GPUs that have it), "fp32", "bf16", "fp16"
-    log_every: int | None = None        # steps between step records (and log lines); None: steps / 100, 1 to 50
-    report_to: tuple[str, ...] = ()     # experiment trackers (zhie.training.tracking), writing in <out>-logs
-
-    def __post_init__(self) -> None:
-        from zhie.training.tracking import check_trackers
-
-        self.report_to = check_trackers(self.report_to)
-        if self.log_every is not None and (not isinstance(self.log_every, int) or self.log_every < 1):
-            raise ValueError(f"log_every must be a positive integer or None, got {self.log_every!r}")
-        for name in ("steps", "batch_size", "grad_accum", "shuffle_buffer", "eval_every", "save_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.heldout, int) or self.heldout < 0:
-            raise ValueError(f"heldout must be a number of lines >= 0, got {self.heldout!r}")
-        if not isinstance(self.max_length, int) or self.max_length < 8:
-            raise ValueError(f"max_length must be an integer >= 8, got {self.max_length!r}")
-        if self.lr < 0 or self.weight_decay < 0:
-            raise ValueError(f"lr and weight_decay must be >= 0, got {self.lr}, {self.weight_decay}")
-        if self.warmup is not None and not 0 <= self.warmup <= 1:
-            raise ValueError(f"warmup is a fraction of the steps in [0, 1], got {self.warmup}")
-        if not 0 < self.mask_rate < 1:
-            raise ValueError(f"mask_rate must be in (0, 1), got {self.mask_rate}")
-        choices = {"optimizer": ("adamw", "lamb"), "mask": ("whole-word", "char"), "tokens": ("char", "subword"),
-                   "precision": ("auto", *PRECISIONS), "keep_tokens": ("auto", "all", "cjk", "data")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-
-    def warmup_for(self, model_type: str) -> float:
-        """``warmup``, or its default for ``model_type``: 0 for RoFormerV2/GAU-α (spec §6.4), 0.06 for the others."""
-        return self.warmup if self.warmup is not None else (0.0 if model_type in _OWN_ROPE else 0.06)
-
-    def train_config(self, model_type: str, precision: str):
-        """The engine's :class:`~zhie.training.TrainConfig` for this run (``precision`` already picked:
-        :func:`zhie.precision.pick_precision`)."""
-        from zhie.training.config import TrainConfig
-
-        return TrainConfig(epochs=1, max_steps=self.steps, batch_size=self.batch_size, grad_accum=self.grad_accum,
-                           lr=self.lr, head_lr=self.lr, weight_decay=self.weight_decay,
-                           warmup=self.warmup_for(model_type),
-                           optimizer=self.optimizer, max_grad_norm=self.max_grad_norm, seed=self.seed,
-                           eval_every=self.eval_every, save_every=self.save_every, precision=precision,
-                           log_every=self.log_every, report_to=self.report_to)
-
-
-# The engine's settings that may differ when a run resumes: they change when evaluations and snapshots happen (and the
-# precision: a run may go on on another machine), not what is trained.
-_RESUMABLE_CHANGES = frozenset({"eval_every", "save_every", "precision", "log_every", "report_to"})
-# The settings of the data, which a resumed run must share (the engine compares the others).
-_DATA_SETTINGS = ("max_length", "mask", "mask_rate", "segmenter", "tokens", "keep_tokens", "heldout", "shuffle_buffer")
-
 
 # ----------------------------------------------------------------------------------------------------- running
 def _paths(corpus_paths) -> list[Path]:
@@ -207,8 +123,6 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
     ``cpu`` or ``cuda`` (default: a GPU if there is one). ``log`` receives the human-readable lines (default:
     standard error when ``progress``; the main process only).
     """
-    from zhie.training.loop import join_processes, run
-
     config = config or PretrainConfig()
     cpu = _on_cpu(device)
     processes = join_processes(cpu)
@@ -222,8 +136,13 @@ def pretrain(corpus_paths, encoder: str, out: str | os.PathLike, *, config: Pret
                 "processes": processes.num_processes, "precision": precision, "config": asdict(config)}
     if not resuming:
         say(json.dumps({k: v for k, v in summary.items() if k != "config"}, ensure_ascii=False))
+    options = {f.name: getattr(config, f.name) for f in option_fields(PretrainConfig)}
+    run_config = run_config_text(out, "pretrain", {"corpus": [str(p) for p in paths], "encoder": str(encoder),
+                                                   "out": str(out), "device": device}, None,
+                                 {"warmup": config.warmup_for(summary["model_type"]), "precision": precision},
+                                 {"pretrain": options})
     job = _job(tokenizer, summary, config, paths, info, precision, processes, Snapshot(
-        out, model, tokenizer, summary, say))
+        out, model, tokenizer, summary, say, run_config))
     result = run(model, job, config.train_config(summary["model_type"], precision), resume=resuming,
                  progress=progress, stop_after=stop_after, time_limit_s=time_limit_s, cpu=cpu)
     if not result["finished"]:
@@ -265,7 +184,7 @@ def _load_model(encoder: str, resume_dir: Path | None, config: PretrainConfig, i
         enc, tokenizer = encoders.load(str(encoder), texts=["".join(sorted(info.charset))], seed=config.seed)
     model_type = enc.config.model_type
     limit = getattr(enc.config, "max_position_embeddings", None)
-    if model_type not in _OWN_ROPE and limit and config.max_length > limit:
+    if model_type not in OWN_ROPE and limit and config.max_length > limit:
         raise ValueError(f"--max-length {config.max_length} is longer than the encoder's {limit} positions")
     if tokenizer.mask_token_id is None:
         raise ValueError(f"{encoder}: the tokenizer has no mask token, which MLM pre-training needs")
@@ -289,33 +208,28 @@ def _load_model(encoder: str, resume_dir: Path | None, config: PretrainConfig, i
 
 
 def _job(tokenizer, summary: dict, config: PretrainConfig, paths: list[Path], info: CorpusInfo,
-         precision: str, processes, output: Snapshot):
-    """The engine's :class:`~zhie.training.loop.Job`: the stream of masked batches, the MLM objective, the held-out
+         precision: str, processes, output: Snapshot) -> Job:
+    """The engine's :class:`~zhie.training.job.Job`: the stream of masked batches, the MLM objective, the held-out
     evaluation, the snapshot."""
-    from zhie.core.text import TextTokenizer
-    from zhie.training.loop import Job
-
     text_tokenizer = TextTokenizer(tokenizer, config.tokens)
     segment = make_segmenter(config.segmenter) if config.mask == "whole-word" else None
 
     def encode(texts: list[str]):
         return encode_lines(texts, text_tokenizer, segment)
 
-    specials = set(tokenizer.all_special_ids)
-    masker = Masker(
-        ids={"cls_id": text_tokenizer.cls_id, "sep_id": text_tokenizer.sep_id, "pad_id": text_tokenizer.pad_id},
-        mask_args={"mask_id": tokenizer.mask_token_id, "rate": config.mask_rate,
-                   "random_ids": torch.tensor([i for i in range(len(tokenizer)) if i not in specials])})
-    world, rank = processes.num_processes, processes.process_index
+    masker = make_masker(tokenizer, text_tokenizer, config.mask_rate)
+    shards = {"batch_size": config.batch_size, "seed": config.seed, "world": processes.num_processes,
+              "rank": processes.process_index}
     stream = TrainingStream(paths, encode, config.max_length - 2, start=info.start, buffer_size=config.shuffle_buffer,
                             seed=config.seed)
+    held_out = held_out_batches(info.heldout, encode, masker, max_length=config.max_length, **shards)
     loss = MaskedLMLoss()
     meta = {"encoder": summary["encoder"], "corpus": summary["corpus"], "corpus_bytes": info.sizes,
-            "data": {name: getattr(config, name) for name in _DATA_SETTINGS}}
+            "data": {name: getattr(config, name) for name in DATA_SETTINGS}}
     hparams = {"encoder": summary["encoder"], "corpus": summary["corpus"], **asdict(config)}
-    return Job(data=StreamBatches(stream, masker, config, world, rank), loss_fn=loss, output=output,
-               evaluate=held_out(info.heldout, encode, masker, config, world, rank, precision), metric="accuracy",
-               train_log=loss.log, hparams=hparams, meta=meta, resumable=_RESUMABLE_CHANGES, name="pretrain")
+    return Job(data=StreamBatches(stream, masker, grad_accum=config.grad_accum, **shards), loss_fn=loss,
+               output=output, evaluate=None if held_out is None else HeldOut(held_out, precision), metric="accuracy",
+               train_log=loss.log, hparams=hparams, meta=meta, resumable=RESUMABLE_CHANGES, name="pretrain")
 
 
 def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str], say):
@@ -339,11 +253,63 @@ def _keep_tokens(enc, tokenizer, head, config: PretrainConfig, charset: set[str]
     return enc, tokenizer
 
 
+# ------------------------------------------------------------------------------------------ objective, evaluation
+class MaskedLMLoss(nn.Module):
+    """The objective: the batch's MLM loss times its ``share`` (:func:`zhie.training.pretrain_data.shard`). It also
+    counts the predicted tokens and the correct ones for the record's ``train_accuracy``, summed over the processes at
+    each batch (two numbers), so the counts are the same in every process and the checkpoint keeps them once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = torch.zeros(2, dtype=torch.float64)  # correct, predicted (an attribute: DDP broadcasts buffers)
+
+    def forward(self, model: MaskedLM, batch: dict[str, Tensor]) -> Tensor:
+        from zhie.dist import all_reduce_sum
+
+        output = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+        counts = torch.stack([output.correct, output.count]).double()
+        self.tally = self.tally.to(counts.device) + all_reduce_sum(counts)
+        return output.loss * batch["share"]
+
+    def log(self) -> dict:
+        """``train_accuracy`` since the last call."""
+        correct, predicted = self.tally.tolist()
+        self.tally = torch.zeros_like(self.tally)
+        return {"train_accuracy": correct / max(predicted, 1)}
+
+    def get_extra_state(self) -> dict:
+        return {"tally": self.tally.cpu()}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.tally = state["tally"]
+
+
+class HeldOut:
+    """The held-out evaluation: the first ``heldout`` lines, packed and masked once into global batches as in
+    training (:func:`zhie.training.pretrain_data.held_out_batches`); each process evaluates its rows of every batch and
+    the sums are added over the processes, so N processes take 1/N of the time and report what one would."""
+
+    def __init__(self, batches: list[dict[str, Tensor]], precision: str) -> None:
+        self.batches, self.precision = batches, precision
+
+    def __call__(self, model: MaskedLM) -> dict:
+        from zhie.dist import all_reduce_sum
+
+        device = next(model.parameters()).device
+        sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, predicted: no sync per batch
+        with autocast(self.precision, device):
+            for batch in self.batches:
+                output = model(**{k: batch[k].to(device) for k in ("input_ids", "attention_mask", "labels")})
+                sums += torch.stack([output.loss.double() * output.count, output.correct.double(),
+                                     output.count.double()])
+        loss, correct, count = all_reduce_sum(sums).tolist()
+        return {"loss": loss / max(count, 1), "accuracy": correct / max(count, 1), "predicted": int(count)}
+
+
 # ---------------------------------------------------------------------------------------------------------- CLI
 def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """``zhie pretrain``; run it with :func:`cmd_pretrain` (:mod:`zhie.cli` adds the flags of every training command
     that are the engine's: ``--log-every``, ``--report-to``)."""
-    d = PretrainConfig()
     p = subparsers.add_parser("pretrain", help="masked-LM pre-training of an encoder on raw text (from scratch or "
                                                "continued)", description=__doc__.split("\n\n")[0])
     p.add_argument("--corpus", nargs="+", required=True, metavar="FILE",
@@ -352,31 +318,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
                    help="a model directory, e5-small, tiny, or new:FAMILY:key=value,... (bert, albert, roformer, "
                         "roformer-v2, gau-alpha)")
     p.add_argument("--out", required=True, help="output: an encoder directory that --encoder accepts")
-    p.add_argument("--steps", type=int, default=d.steps, help="optimizer steps (sets the schedule)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="sequences per batch and process (a step sees batch-size x processes x grad-accum)")
-    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
-    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per packed sequence")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup", type=float, default=None,
-                   help="warm-up fraction of the steps (default 0 for roformer-v2/gau-alpha, 0.06 otherwise)")
-    p.add_argument("--optimizer", default=d.optimizer, choices=["adamw", "lamb"])
-    p.add_argument("--mask", default=d.mask, choices=["whole-word", "char"])
-    p.add_argument("--mask-rate", type=float, default=d.mask_rate)
-    p.add_argument("--segmenter", default=d.segmenter,
-                   help="word boundaries for whole-word masking: rjieba, jieba or a zhie cws model directory")
-    p.add_argument("--tokens", default=d.tokens, choices=["char", "subword"],
-                   help="char: one token per character, as zhie's tasks read text; subword: the tokenizer's tokens")
-    p.add_argument("--keep-tokens", default=d.keep_tokens, choices=["auto", "all", "cjk", "data"],
-                   help="char mode: prune the vocabulary (auto = cjk for vocabularies over 50k, as zhie train)")
-    p.add_argument("--heldout", type=int, default=d.heldout, help="first N lines kept out for evaluation")
-    p.add_argument("--shuffle-buffer", type=int, default=d.shuffle_buffer, help="sequences in the shuffle buffer")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between held-out evaluations")
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--precision", default=d.precision, choices=["auto", *PRECISIONS],
-                   help="auto: bf16 autocast on CUDA GPUs that have it, else fp32")
+    add_flags(p, PretrainConfig)
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: a GPU if there is one (under torchrun each process takes its local rank's)")
     p.add_argument("--no-resume", action="store_true",
@@ -388,7 +330,7 @@ def add_command(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPars
     p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
                    help="end this session after MINUTES (with a snapshot); the same command continues it")
     p.add_argument("--quiet", action="store_true")
-    return p
+    return add_config_flags(p, "pretrain", {"pretrain": [f.name for f in option_fields(PretrainConfig)]})
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
@@ -398,14 +340,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         args.no_resume = True
     if args.resume:
         logger.warning("--resume is deprecated and does nothing: the same command continues the run in --out")
-    config = PretrainConfig(steps=args.steps, batch_size=args.batch_size, grad_accum=args.grad_accum,
-                            max_length=args.max_length, lr=args.lr, weight_decay=args.weight_decay,
-                            warmup=args.warmup, optimizer=args.optimizer, mask=args.mask, mask_rate=args.mask_rate,
-                            segmenter=args.segmenter, tokens=args.tokens, keep_tokens=args.keep_tokens,
-                            heldout=args.heldout,
-                            shuffle_buffer=args.shuffle_buffer, eval_every=args.eval_every,
-                            save_every=args.save_every, seed=args.seed, precision=args.precision,
-                            log_every=args.log_every, report_to=args.report_to)
+    config = PretrainConfig(**values_from_flags(args, PretrainConfig))
     result = pretrain(args.corpus, args.encoder, args.out, config=config, resume=not args.no_resume,
                       stop_after=args.stop_after,
                       time_limit_s=None if args.time_limit is None else 60 * args.time_limit, device=args.device,

@@ -80,24 +80,28 @@ def run_record(files: dict[str, str], *, encoder: str, config, options: dict) ->
             "machine": machine()}
 
 
-RUN_CONFIG = "config.toml"
+def write_run_config(out: Path, command: str, settings: dict, config=None, derived: dict | None = None,
+                     tables: dict[str, dict] | None = None) -> None:
+    """``out/config.toml`` (:func:`run_config_text`)."""
+    from zhie.core.config_file import RUN_CONFIG
+
+    atomic_write_text(out / RUN_CONFIG, run_config_text(out, command, settings, config, derived, tables))
 
 
-def write_run_config(out: Path, settings: dict) -> None:
-    """``out/config.toml``: the resolved configuration of the run in ``out``, which ``zhie train --config`` takes
-    back (:func:`zhie.cli.expand_run_config`). TOML has no null: a setting that is None is left out, which gives it
-    its default (None) again; paths and tuples are written as strings and lists."""
-    import tomli_w
+def run_config_text(out: Path, command: str, settings: dict, config=None, derived: dict | None = None,
+                    tables: dict[str, dict] | None = None) -> str:
+    """The ``config.toml`` of a run in ``out`` (:mod:`zhie.core.config_file`): the job ``command`` (``"train ner"``)
+    with its ``settings`` as given (named as its flags), the :class:`~zhie.training.TrainConfig` ``config`` as given
+    (rates left None are derived) in ``[training]``, other ``tables`` (a task's own options), and what the job
+    ``derived`` (the rates it used). ``zhie COMMAND --config out/config.toml --out NEW`` trains it again; another
+    ``--encoder`` derives its own rates."""
+    from zhie.core import config_file
 
-    def plain(value):
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items() if v is not None}
-        if isinstance(value, (tuple, list)):
-            return [plain(v) for v in value]
-        return value if isinstance(value, (str, int, float, bool)) else str(value)
-
-    text = f"# the configuration of this run: `zhie train --config {out / RUN_CONFIG}` runs it again\n"
-    atomic_write_text(out / RUN_CONFIG, text + tomli_w.dumps(plain(settings)))
+    training = {} if config is None else {"training": {k: v for k, v in asdict(config).items()
+                                                       if k != "find_unused_parameters"}}
+    header = (f"# the configuration of this run: `zhie {command} --config {out / config_file.RUN_CONFIG} --out NEW` "
+              f"trains it again into NEW\n")
+    return config_file.dumps(command, settings, {**training, **(tables or {})}, derived, header)
 
 
 def write_summary(path: Path, summary: dict, progress: bool) -> None:

@@ -1,22 +1,27 @@
-"""``zhie distill --teacher DIR``: a smaller student of a trained model, of any task kind, a job on the training engine.
+"""``zhie distill student --teacher DIR``: a smaller student of a trained model, of any task kind, a job on the
+training engine; its options are :class:`StudentOptions`' fields. The teachers' side (loading them, their stored
+outputs) is :mod:`zhie.training.teachers`; the student model of each kind is :mod:`zhie.training.student_models`.
 
 The recipe (TextBrewer's and PaddleNLP's lesson: soft targets from the teacher on a lot of unlabelled text):
 
 1. The teacher: one model directory, or several (seeds of one training: an :class:`~zhie.model.Ensemble`, outputs
-   averaged).
-2. The student: the teacher's encoder cut to the layers ``keep_layers`` (:func:`student_layers`: the first N, or N
-   spread over the depth ending with the last layer, or given indices), with the teacher's embeddings and heads, its
-   layers narrowed if asked (feed-forward neurons, attention heads: those most active on the items,
-   :func:`unit_activity`) and a table of character bigrams added if asked (:mod:`zhie.encoders.student_bert`); or
-   a convolutional encoder over the teacher's embeddings; or a narrower transformer over them (``narrow``:
-   :func:`narrow_student`); or the teacher's architecture started again from the encoder it was fine-tuned from
-   (``fresh``, born-again distillation: :func:`fresh_encoder`). Always the same task,
-   labels, tokenizer and limits, so ``predict``/``eval``/``serve``/``export`` take it as they are.
+   averaged) (:func:`~zhie.training.teachers.load_teachers`).
+2. The student (:func:`~zhie.training.student_models.student_model`): the teacher's encoder cut to the layers
+   ``keep_layers`` (:func:`~zhie.training.student_models.student_layers`: the first N, or N spread over the depth
+   ending with the last layer, or given indices), with the teacher's embeddings and heads, its layers narrowed if
+   asked (feed-forward neurons, attention heads: those most active on the items,
+   :func:`~zhie.training.teachers.unit_activity`) and a table of character bigrams added if asked
+   (:mod:`zhie.encoders.student_bert`); or a convolutional encoder over the teacher's embeddings; or a narrower
+   transformer over them (``narrow``: :func:`~zhie.training.student_models.narrow_student`); or the teacher's
+   architecture started again from the encoder it was fine-tuned from (``fresh``, born-again distillation:
+   :func:`~zhie.training.student_models.fresh_encoder`). Always the same task, labels, tokenizer and limits, so
+   ``predict``/``eval``/``serve``/``export`` take it as they are.
 3. The items: the task's training items of the labelled ``train`` file, and of unlabelled texts labelled by the
    teacher's predictions (texts that are also in ``dev`` are left out) (:meth:`~zhie.tasks.base.Task.distill_items`).
 4. The targets: the teacher's head outputs on every item, computed once before the student trains and stored in
    ``OUT/teacher/targets.pt`` with what they were computed from (teachers' weights, data files, temperature); a run
-   that resumes reads them back (and refuses a run directory made from other teachers or data).
+   that resumes reads them back (and refuses a run directory made from other teachers or data)
+   (:func:`~zhie.training.teachers.teacher_lessons`).
 5. The loss: ``hard_weight × the task's own loss (gold labels; the teacher's predictions on unlabelled text) +
    (1 − hard_weight) × the soft-target loss`` of :mod:`zhie.losses.distill` (a sentence-embedding task has no hard
    loss: its student matches the teacher's pair similarities).
@@ -27,72 +32,101 @@ teachers and the recipe.
 
 from __future__ import annotations
 
-import copy
+import argparse
 import dataclasses
-import json
-import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from zhie import encoders
-from zhie.core.files import atomic_write
+from zhie.core.options import add_config_flags, option, option_fields, values_from_flags
+from zhie.data import FORMATS
 from zhie.data.base import read_texts
 from zhie.dist import is_main_process, local_device
 from zhie.encoders import student_bert
-from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL, ConvConfig
-from zhie.model import Ensemble, Model
+from zhie.encoders.conv import STUDENT_DILATIONS, STUDENT_RESIDUAL
+from zhie.model import Model
 from zhie.tasks.base import Evaluator
-from zhie.tasks.batching import seeded, sorted_batches
 from zhie.tasks.modeldir import resolve_model_dir
-from zhie.tasks.pipeline import Pipeline, load_pipeline
 
 from .checkpoint import claims_out
-from .config import TrainConfig
+from .config import TrainConfig, add_job_flags, config_from_flags
 from .loop import train
-from .record import file_facts, finish, run_record, saver, write_summary
+from .record import finish, run_record, saver, write_run_config, write_summary
+from .student_models import STUDENTS, check_student, other_head, student_model, teacher_origin
+from .teachers import Lesson, first_model, load_teachers, teacher_identity, teacher_lessons
 
-__all__ = ["DistillObjective", "distill_student", "student_layers"]
+__all__ = ["DistillObjective", "StudentOptions", "distill_student"]
+# Lesson is imported here also for the teacher/targets.pt files stored before it moved to .teachers, whose pickles
+# name it zhie.training.students.Lesson (--targets-from and resumed runs read them)
 
-logger = logging.getLogger(__name__)
-
-TARGETS = Path("teacher") / "targets.pt"
-STUDENTS = ("cut", "conv", "narrow", "fresh")
+STUDENT_LR = 1e-4  # the student's encoder learning rate when none is given; its heads learn at the same rate
 
 
-def student_layers(keep: str, layers: int | None, total: int) -> list[int]:
-    """The teacher layers a student keeps: ``keep`` is ``"first"`` (the first ``layers``), ``"spread"`` (``layers``
-    evenly spaced, ending with the last: 12 -> 4 keeps 2, 5, 8, 11) or comma-separated indices (then ``layers`` must
-    be None or their number)."""
-    if keep not in ("first", "spread"):
-        try:
-            chosen = [int(x) for x in keep.split(",")]
-        except ValueError:
-            raise ValueError(f"--keep-layers {keep!r}: use first, spread or comma-separated layer indices") from None
-        if layers is not None and layers != len(chosen):
-            raise ValueError(f"--keep-layers names {len(chosen)} layers but --encoder-layers says {layers}")
-        return chosen
-    if layers is None:
-        raise ValueError(f"--keep-layers {keep} needs --encoder-layers N (how many of the teacher's {total} to keep)")
-    if not 1 <= layers <= total:
-        raise ValueError(f"--encoder-layers {layers}: the teacher has {total} layers; keep 1 to {total}")
-    if keep == "first":
-        return list(range(layers))
-    return [round((i + 1) * total / layers) - 1 for i in range(layers)]
+def dilation_list(text: str) -> list[int]:
+    """``--dilations 1,2,4,8`` as ``[1, 2, 4, 8]``; argparse reports the ``ValueError`` of anything else."""
+    try:
+        return [int(d) for d in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers separated by commas, e.g. 1,2,4,8") from None
 
 
 @dataclass
-class Lesson:
-    """One training item of the student and the teacher's stored target for it."""
+class StudentOptions:
+    """The options of ``zhie distill student`` (:func:`distill_student`'s keywords take their defaults from here)."""
 
-    item: Any
-    target: Any
-    hidden: Tensor | None = None  # the teacher's last hidden states [tokens, hidden] (fp16), with --hidden-weight
+    teacher: tuple[str, ...] | None = option(None, "the trained model directory; repeat for an ensemble of seeds "
+                                                   "(outputs averaged)", action="extend", metavar="DIR", required=True)
+    train: str | None = option(None, "the labelled training file (the teacher's task reads it)", required=True)
+    dev: str | None = option(None, "labelled development file: picks the best evaluation")
+    out: str | None = option(None, "run directory; best/ is an ordinary model directory", required=True)
+    format: str = option("auto", "format of the data files", choices=("auto", *FORMATS))
+    unlabelled: tuple[str, ...] | None = option(None, "unlabelled text, one per line or JSON lines with 'text', that "
+                                                      "the teacher labels; repeat for several files (texts also in "
+                                                      "--dev are left out)", action="extend", metavar="FILE")
+    max_unlabelled: int | None = option(None, "read at most this many unlabelled texts")
+    student: str = option("cut", "cut: the teacher with fewer layers (--keep-layers); conv: a convolutional encoder of "
+                                 "--encoder-layers blocks (default 4) of --width channels over the teacher's "
+                                 "embeddings; narrow: a transformer of --encoder-layers layers (default 4) of --width "
+                                 "over the teacher's embeddings; fresh: the teacher's architecture started again from "
+                                 "the encoder it was fine-tuned from (born-again distillation)", choices=STUDENTS)
+    encoder_layers: int | None = option(None, "the student's layers (cut: how many of the teacher's it keeps)")
+    keep_layers: str = option("first", "which teacher layers the student keeps: first (the first --encoder-layers), "
+                                       "spread (evenly spaced, ending with the last) or indices such as 2,5,8,11")
+    width: int = option(256, "--student conv: channels of each block; narrow: hidden size (a multiple of 64)")
+    ffn_width: int | None = option(None, "--student cut: keep the N most important feed-forward neurons of each kept "
+                                         "layer (their mean activation on the training text times their output "
+                                         "weights' norm; e5-small has 1536): a narrower, faster transformer",
+                                   metavar="N")
+    attention_heads: int | None = option(None, "--student cut: keep the K attention heads of each kept layer that "
+                                               "contribute most to its output on the training text (e5-small has "
+                                               "12 of 32 dimensions)", metavar="K")
+    dilations: list[int] | None = option(None, "--student conv: the blocks' dilations, cycled (default 1,2,4,1: each "
+                                               "token sees 17 characters after 4 blocks; 1,2,4,8 sees 31 at the same "
+                                               "cost)", type=dilation_list, metavar="D,D,...")
+    bigrams: int = option(0, "--student conv or cut: add a learnt table of character bigrams hashed into N rows "
+                             "(e.g. 65536; 0: none): one more gather per token; a cut student's starts at zero",
+                          metavar="N")
+    head: str | None = option(None, "another head of the teacher's output type (egp for a gp teacher: ~10x cheaper; "
+                                    "softmax for crf), fresh (give it a --head-lr such as 1e-3); default the "
+                                    "teacher's (a cut student keeps its weights)")
+    hard_weight: float = option(0.5, "weight of the task's own loss on gold (and teacher-predicted) labels; the "
+                                     "soft-target loss gets 1 minus it")
+    temperature: float = option(1.0, "softens the teacher's and student's outputs (span and tag outputs; a "
+                                     "similarity student takes none)")
+    hidden_weight: float = option(0.0, "add W x the mean squared difference between the student's last hidden states "
+                                       "(through a learnt linear map) and the teacher's (TinyBERT's hidden-state "
+                                       "loss; one --teacher; 0: off)", metavar="W")
+    targets_from: str | None = option(None, "reuse the teacher outputs stored by an earlier zhie distill student run "
+                                            "(its --out directory) of the same teachers, data and settings, instead "
+                                            "of running the teachers again", metavar="RUN")
+
+
+OPTIONS = StudentOptions  # the defaults of distill_student's keywords
+TRAINING = [f.name for f in option_fields(TrainConfig) if f.name != "rdrop"]  # R-Drop: zhie train's, one task's loss
 
 
 class DistillObjective(nn.Module):
@@ -133,93 +167,6 @@ def hidden_loss(student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
     return ((student - teacher.to(student.dtype)) ** 2 * weights).sum() / (weights.sum() * student.shape[-1])
 
 
-def load_teachers(paths: list[str | os.PathLike], device: torch.device) -> Pipeline:
-    """One teacher pipeline of the model directories ``paths``: the model itself, or their :class:`Ensemble`."""
-    pipes = [load_pipeline(p, device=str(device)) for p in paths]
-    first = pipes[0]
-    for path, pipe in zip(paths[1:], pipes[1:]):
-        if type(pipe.task) is not type(first.task) or pipe.task.config != first.task.config:
-            raise ValueError(f"{path} is not a model of the same task and settings as {paths[0]} "
-                             f"({pipe.task.name} {dataclasses.asdict(pipe.task.config)}); an ensemble of teachers "
-                             "must be seeds of one training")
-        if pipe.task.tokenizer.get_vocab() != first.task.tokenizer.get_vocab():
-            raise ValueError(f"{path} has another vocabulary than {paths[0]}: the teachers of an ensemble must read "
-                             "the same tokens (train them on the same data with the same --keep-tokens)")
-    if len(pipes) == 1:
-        return first
-    return type(first)(first.task, Ensemble([p.model for p in pipes]).eval(), str(device))
-
-
-def teacher_identity(teachers: list[str | os.PathLike], files: dict[str, str], settings: dict) -> dict:
-    """What the stored targets were computed from: the sha256 of each teacher's weights and settings files, of the
-    data files (role -> path) and the settings."""
-    models = [{f.name: file_facts(f.name, f)["sha256"] for f in sorted(resolve_model_dir(path).iterdir())
-               if f.suffix == ".safetensors" or f.name == "zhie.json"} for path in teachers]
-    return {"teachers": models, "data": {role: file_facts(role, p)["sha256"] for role, p in files.items()}, **settings}
-
-
-def item_batches(task, items: list, batch_size: int, progress: bool, what: str) -> Iterator[tuple[list[int], dict]]:
-    """``(indices, collated batch)`` over ``items``: batches of similar length where the task's items have ``ids``
-    (``group_by_length``), else in item order; with ``progress``, a log line every 100 batches naming ``what``."""
-    lengths = [len(it.ids) if task.group_by_length else 0 for it in items]
-    batches = list(sorted_batches(lengths, batch_size))
-    for k, idx in enumerate(batches):
-        yield idx, task.collate([items[i] for i in idx])
-        if progress and (k + 1) % 100 == 0:
-            logger.info("%s: %d/%d batches", what, k + 1, len(batches))
-
-
-@torch.no_grad()
-def teacher_targets(teacher: Pipeline, items: list, batch_size: int, temperature: float, device: torch.device,
-                    progress: bool = False) -> list:
-    """The teacher's stored target of every item (:meth:`~zhie.tasks.base.Task.soft_targets`), in item order, in the
-    batches of :func:`item_batches`."""
-    task, model = teacher.task, teacher.model
-    targets: list = [None] * len(items)
-    for idx, batch in item_batches(task, items, batch_size, progress, "teacher targets"):
-        output = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
-                       heads=[task.head_name])[task.head_name]
-        for i, target in zip(idx, task.soft_targets(output, batch, temperature)):
-            targets[i] = target
-    return targets
-
-
-ACTIVITY_ITEMS = 4000  # the items whose activations rank the units that a narrowed cut student keeps
-
-
-@torch.no_grad()
-def unit_activity(encoder: nn.Module, task, items: list, measures: dict, device: torch.device,
-                  progress: bool = False, limit: int = ACTIVITY_ITEMS) -> dict[str, list[Tensor]]:
-    """``{name: each layer's mean activity}`` of the units of ``encoder`` (the teacher's, or an ensemble's first) that
-    each ``measures[name]`` (an :class:`zhie.encoders.Activity` class: feed-forward neurons, attention heads) counts,
-    over a pass of the encoder alone on the first ``limit`` of ``items`` (the training windows come first)."""
-    activities = {name: kind(encoder) for name, kind in measures.items()}
-    try:
-        for _, batch in item_batches(task, items[:limit], 64, progress, "unit activity"):
-            for activity in activities.values():
-                activity.mask = batch["attention_mask"]
-            encoder(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
-    finally:
-        for activity in activities.values():
-            activity.close()
-    return {name: activity.means() for name, activity in activities.items()}
-
-
-@torch.no_grad()
-def teacher_hidden(teacher: Pipeline, items: list, batch_size: int, device: torch.device,
-                   progress: bool = False) -> list[Tensor]:
-    """The teacher encoder's last hidden states of every item, ``[its tokens (specials included), hidden]`` in fp16 on
-    the CPU, in item order, in the batches of :func:`item_batches`."""
-    states: list = [None] * len(items)
-    for idx, batch in item_batches(teacher.task, items, batch_size, progress, "teacher hidden states"):
-        mask = batch["attention_mask"]
-        hidden = teacher.model.encoder(input_ids=batch["input_ids"].to(device),
-                                       attention_mask=mask.to(device)).last_hidden_state
-        for row, i in enumerate(idx):
-            states[i] = hidden[row, :int(mask[row].sum())].to("cpu", torch.float16)
-    return states
-
-
 def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: int | None) -> tuple[list[str], dict]:
     """The distinct texts of ``paths`` (one per line, or JSON lines with "text") that are not in ``exclude`` (the dev
     texts), the first ``limit`` of them; and counts of what was left out."""
@@ -238,30 +185,36 @@ def read_unlabelled(paths: list[str | os.PathLike], exclude: set[str], limit: in
 
 @claims_out
 def distill_student(teachers: list[str | os.PathLike], train_path: str | os.PathLike, *, out: str | os.PathLike,
-                    dev: str | os.PathLike | None = None, unlabelled: list[str | os.PathLike] | None = None,
-                    max_unlabelled: int | None = None, format: str = "auto", keep_layers: str = "first",
-                    encoder_layers: int | None = None, student: str = "cut", width: int = 256,
-                    ffn_width: int | None = None, attention_heads: int | None = None,
-                    dilations: list[int] | None = None, bigrams: int = 0, head: str | None = None,
-                    hard_weight: float = 0.5, temperature: float = 1.0, hidden_weight: float = 0.0,
-                    targets_from: str | os.PathLike | None = None,
+                    dev: str | os.PathLike | None = OPTIONS.dev,
+                    unlabelled: list[str | os.PathLike] | None = OPTIONS.unlabelled,
+                    max_unlabelled: int | None = OPTIONS.max_unlabelled, format: str = OPTIONS.format,
+                    keep_layers: str = OPTIONS.keep_layers, encoder_layers: int | None = OPTIONS.encoder_layers,
+                    student: str = OPTIONS.student, width: int = OPTIONS.width,
+                    ffn_width: int | None = OPTIONS.ffn_width, attention_heads: int | None = OPTIONS.attention_heads,
+                    dilations: list[int] | None = OPTIONS.dilations, bigrams: int = OPTIONS.bigrams,
+                    head: str | None = OPTIONS.head, hard_weight: float = OPTIONS.hard_weight,
+                    temperature: float = OPTIONS.temperature, hidden_weight: float = OPTIONS.hidden_weight,
+                    targets_from: str | os.PathLike | None = OPTIONS.targets_from,
                     config: TrainConfig | None = None, resume: bool = True, progress: bool = True) -> dict:
     """Distil the model directories ``teachers`` (one, or seeds of one training) into a student, trained on the
     labelled ``train_path`` and the ``unlabelled`` text files; the best on ``dev`` (the last without it) goes to
     ``out/best``. Returns the loop's summary. See the module's docstring for the recipe.
 
-    ``student`` (:func:`student_model`): ``"cut"`` keeps the teacher layers of :func:`student_layers`
-    (``keep_layers``, ``encoder_layers``), their feed-forward blocks narrowed to ``ffn_width`` neurons if given
-    (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on the items, :func:`unit_activity`), their attention
-    to ``attention_heads`` heads if given (by their contribution on the items,
-    :class:`zhie.encoders.student_bert.HeadActivity`), with a table of ``bigrams`` hashed character bigrams if given
-    (zeros at first; both make it a :class:`zhie.encoders.student_bert.StudentBertModel`);
+    ``student`` (:func:`~zhie.training.student_models.student_model`; the options each kind takes:
+    :func:`~zhie.training.student_models.check_student`): ``"cut"`` keeps the teacher layers of
+    :func:`~zhie.training.student_models.student_layers` (``keep_layers``, ``encoder_layers``), their feed-forward
+    blocks narrowed to ``ffn_width`` neurons if given (:func:`zhie.encoders.prune_ffn`, by the neurons' activity on
+    the items, :func:`~zhie.training.teachers.unit_activity`), their attention to ``attention_heads`` heads if given
+    (by their contribution on the items, :class:`zhie.encoders.student_bert.HeadActivity`), with a table of
+    ``bigrams`` hashed character bigrams if given (zeros at first; both make it a
+    :class:`zhie.encoders.student_bert.StudentBertModel`);
     ``"conv"`` is a convolutional encoder of ``encoder_layers`` blocks (default 4) of ``width`` over the teacher's
     embeddings, block ``i`` of dilation ``dilations[i % len(dilations)]`` (default
     :data:`zhie.encoders.conv.STUDENT_DILATIONS`), with a table of character bigrams hashed into ``bigrams`` rows if
-    given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head`` (:func:`other_head`) if given;
+    given (:class:`zhie.encoders.conv.ConvConfig`'s ``bigram_buckets``), and ``head``
+    (:func:`~zhie.training.student_models.other_head`) if given;
     ``"narrow"`` is a transformer of ``encoder_layers`` layers (default 4) of ``width`` over the teacher's embeddings
-    (:func:`narrow_student`), with ``head`` if given.
+    (:func:`~zhie.training.student_models.narrow_student`), with ``head`` if given.
 
     ``hidden_weight`` (0: off) adds the hidden-state loss (:class:`DistillObjective`) against the teacher's last hidden
     states, computed once by a pass of the teacher's encoder and stored with its outputs (one teacher only: the
@@ -269,7 +222,10 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
 
     ``targets_from``: the run directory of an earlier distillation whose stored teacher outputs this one reuses
     instead of running the teachers again (copied into ``out``); they must come from the same teachers, data files
-    and settings (:func:`reused_lessons`)."""
+    and settings (:func:`~zhie.training.teachers.reused_lessons`).
+
+    ``config``: the loop's :class:`~zhie.training.TrainConfig`; its ``lr`` None is :data:`STUDENT_LR`, its ``head_lr``
+    None the encoder's rate; ``out/config.toml`` keeps the options as given, the rates used in ``[derived]``."""
     if not 0 <= hard_weight <= 1:
         raise ValueError(f"--hard-weight {hard_weight}: a weight between 0 and 1")
     if temperature <= 0:
@@ -281,46 +237,30 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                          "apart and their hidden states are not in one space: give one --teacher")
     if not teachers:
         raise ValueError("name at least one teacher model directory (--teacher DIR)")
-    config = config or TrainConfig(lr=1e-4, batch_size=16)
-    if config.head_lr is None:  # the student's heads start trained (the teacher's) or small: the encoder's rate
-        config = dataclasses.replace(config, head_lr=config.lr)
+    given = config or TrainConfig()
+    if given.rdrop is not None:
+        raise ValueError("R-Drop (--rdrop) regularises zhie train's own loss; a student learns from its teacher: leave "
+                         "it out")
+    lr = STUDENT_LR if given.lr is None else given.lr
+    # the student's heads start trained (the teacher's) or small: the encoder's rate
+    config = dataclasses.replace(given, lr=lr, head_lr=lr if given.head_lr is None else given.head_lr)
     device = local_device()
     teacher = load_teachers(teachers, device)
     cls = type(teacher.task)
+    if not cls.soft_temperature and temperature != OPTIONS.temperature:
+        raise ValueError(f"--temperature {temperature}: a {cls.name} student matches its teacher's outputs as they "
+                         "are, with no temperature; leave it out")
     hard = hard_weight if cls.hard_labels else 0.0
     train_examples = cls.read(train_path, format)
     dev_examples = cls.read(dev, format) if dev is not None else None
     dev_texts = set(cls.texts(dev_examples)) if dev_examples else set()
     texts, text_stats = read_unlabelled(list(unlabelled or []), dev_texts, max_unlabelled)
 
-    first = teacher.model.members[0] if isinstance(teacher.model, Ensemble) else teacher.model
+    first = first_model(teacher)
     total = first.encoder.config.num_hidden_layers
-    if student not in STUDENTS:
-        raise ValueError(f"--student {student}: choose one of {', '.join(STUDENTS)}")
-    kept = student_layers(keep_layers, encoder_layers, total) if student == "cut" else None
-    if student == "fresh" and encoder_layers not in (None, total):
-        raise ValueError(f"--student fresh keeps the teacher's architecture ({total} layers); leave out "
-                         f"--encoder-layers {encoder_layers}, or use --student cut for fewer layers")
-    if ffn_width is not None and student != "cut":
-        raise ValueError("--ffn-width narrows the teacher's layers: it is for --student cut (a conv student's width "
-                         "is --width)")
-    if attention_heads is not None and student != "cut":
-        raise ValueError("--attention-heads narrows the teacher's layers: it is for --student cut")
-    if dilations is not None and student != "conv":
-        raise ValueError("--dilations sets a convolutional student's blocks: it is for --student conv")
-    if bigrams and student not in ("conv", "cut"):
-        raise ValueError("--bigrams adds a table of character bigrams to a convolutional or a cut student: it is for "
-                         "--student conv or --student cut")
-    dilations = list(STUDENT_DILATIONS if dilations is None else dilations)
-    # each kind's checks now, not after the teachers' pass
-    if student == "conv":
-        ConvConfig(dilations=dilations, bigram_buckets=bigrams)
-    elif student == "narrow":
-        narrow_config(first.encoder, width, encoder_layers or 4)
-    elif student == "cut" and (bigrams or attention_heads is not None):
-        student_bert.check_student_bert(first.encoder, bigrams, attention_heads)
-    if ffn_width is not None:
-        encoders.ffn_layers(first.encoder)  # a clear error now for an encoder without them, not after the targets
+    kept, dilations = check_student(first.encoder, student, keep_layers=keep_layers, encoder_layers=encoder_layers,
+                                    width=width, ffn_width=ffn_width, attention_heads=attention_heads,
+                                    dilations=dilations, bigrams=bigrams)
     student_task = teacher.task  # the first teacher's: its labels, vocabulary and files (a segmenter's words)
     if head is not None and head != getattr(student_task.config, "head", None):
         student_task = other_head(student_task, head, resolve_model_dir(teachers[0]))
@@ -344,34 +284,15 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
               **({"hidden_weight": hidden_weight} if hidden_weight else {}), "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
     identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
-                                {"temperature": temperature, "max_unlabelled": max_unlabelled, "format": format})
-    stored = stored_lessons(out, identity, resume)
-    if stored is None and targets_from is not None:
-        stored = reused_lessons(Path(targets_from), identity)
-        if is_main_process():
-            (out / TARGETS).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
-    if stored is None:
-        items = student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64))
-        targets = teacher_targets(teacher, items, 64, temperature, device, progress)
-        stored = {"identity": identity, "lessons": [Lesson(it, t) for it, t in zip(items, targets)]}
-        if is_main_process():
-            path = out / TARGETS
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, lambda f: torch.save(stored, f))
+                                {**({"temperature": temperature} if cls.soft_temperature else {}),
+                                 "max_unlabelled": max_unlabelled, "format": format})
     measures = {name: kind for name, kind, wanted in (("ffn_activity", encoders.FfnActivity, ffn_width),
                                                       ("head_activity", student_bert.HeadActivity, attention_heads))
-                if wanted is not None and name not in stored}
-    if measures:
-        stored = {**stored, **unit_activity(first.encoder, teacher.task, [les.item for les in stored["lessons"]],
-                                            measures, device, progress)}
-        if is_main_process():
-            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
-    if hidden_weight and stored["lessons"] and stored["lessons"][0].hidden is None:
-        states = teacher_hidden(teacher, [les.item for les in stored["lessons"]], 64, device, progress)
-        stored = {**stored, "lessons": [Lesson(les.item, les.target, h) for les, h in zip(stored["lessons"], states)]}
-        if is_main_process():
-            atomic_write(out / TARGETS, lambda f: torch.save(stored, f))
+                if wanted is not None}
+    stored = teacher_lessons(
+        teacher, lambda: student_task.distill_items(train_examples, texts, lambda t: teacher.predict(t, batch_size=64)),
+        out, identity, temperature=temperature, device=device, resume=resume, targets_from=targets_from,
+        measures=measures, hidden=bool(hidden_weight), progress=progress)
     lessons = stored["lessons"]
     ffn = (ffn_width, [stored["ffn_activity"][k] for k in kept]) if ffn_width is not None else None
     attention = (attention_heads, [stored["head_activity"][k] for k in kept]) if attention_heads is not None else None
@@ -381,6 +302,14 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     summary = {"task": cls.name, "items": len(lessons), **recipe}
     if is_main_process():
         write_summary(out / "distill.json", summary, progress)
+        options = {"teacher": [str(t) for t in teachers], "train": str(train_path), "dev": dev, "out": str(out),
+                   "format": format, "unlabelled": [str(u) for u in unlabelled or []], "max_unlabelled": max_unlabelled,
+                   "student": student, "encoder_layers": encoder_layers, "keep_layers": keep_layers, "width": width,
+                   "ffn_width": ffn_width, "attention_heads": attention_heads,
+                   "dilations": ",".join(map(str, dilations)) if dilations != list(STUDENT_DILATIONS) else None,
+                   "bigrams": bigrams, "head": head, "hard_weight": hard_weight, "temperature": temperature,
+                   "hidden_weight": hidden_weight, "targets_from": targets_from}
+        write_run_config(out, "distill student", options, given, {"lr": config.lr, "head_lr": config.head_lr})
     evaluator = Evaluator(student_task, dev_examples) if dev_examples is not None else None
     record = run_record(files, encoder=str(teachers[0]), config=config,
                         options={"distilled_from": recipe}) if is_main_process() else {}
@@ -406,167 +335,15 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
     return result
 
 
-HEAD_FAMILIES = ({"gp", "egp"}, {"crf", "softmax"})  # heads of one output type: span logits, tag emissions
+def add_command(jobs: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """``zhie distill student``: :class:`StudentOptions`' flags and the training flags that a student takes."""
+    p = jobs.add_parser("student", help="a smaller, faster student of a trained model, of any task")
+    add_job_flags(p, StudentOptions, TRAINING)
+    p.set_defaults(handler=cmd_distill_student)
+    return add_config_flags(p, "distill student", {"training": TRAINING})
 
 
-def other_head(task, head: str, directory: Path):
-    """The teacher's ``task`` with the head ``head`` instead of its own, which must give the same output type (the
-    student learns from the teacher's outputs); its files (a segmenter's vocabulary) read from ``directory``. The
-    student's head of that kind starts afresh (:func:`student_model`)."""
-    own = task.config.head
-    if not any({own, head} <= family for family in HEAD_FAMILIES):
-        raise ValueError(f"--head {head}: a student of a {own} teacher takes a head of the same output type "
-                         f"({' or '.join(sorted(next(f for f in HEAD_FAMILIES if own in f)))})")
-    other = type(task)(dataclasses.replace(task.config, head=head), task.tokenizer)
-    other.load_files(directory)
-    return other
-
-
-def student_model(teacher: Model, task, kind: str, kept: list[int] | None, blocks: int, width: int,
-                  seed: int, ffn: tuple[int, list[Tensor]] | None = None,
-                  dilations: list[int] | tuple[int, ...] = STUDENT_DILATIONS, origin: str | None = None,
-                  bigrams: int = 0, attention: tuple[int, list[Tensor]] | None = None,
-                  fresh_head: bool = False) -> Model:
-    """The student before training: ``"cut"``, a copy of ``teacher`` with only the encoder layers ``kept`` (their
-    feed-forward blocks narrowed by ``ffn``, ``(width, each kept layer's activity)``, :func:`zhie.encoders.prune_ffn`;
-    with ``bigrams`` rows of hashed bigrams, zeros at first, and the attention heads of ``attention``, ``(count, each
-    kept layer's head activity)``, :func:`zhie.encoders.student_bert.student_bert`) and the teacher's heads (with
-    ``fresh_head``, the task's fresh heads instead: another head kind than the teacher's); ``"conv"``, a
-    convolutional encoder of ``blocks`` blocks of ``width`` and ``dilations``, with ``bigrams`` rows of hashed bigrams
-    (:func:`zhie.encoders.conv.conv_student`: the teacher's embedding table, the rest initialised from ``seed``) with
-    the task's fresh heads of that width; ``"narrow"``, :func:`narrow_student` of ``blocks`` layers of ``width`` with
-    the task's fresh heads of that width; ``"fresh"``, :func:`fresh_encoder` of the teacher's encoder and ``origin``
-    (the encoder the teacher was fine-tuned from) with the task's fresh heads."""
-    if kind == "cut":
-        encoder = encoders.select_layers(copy.deepcopy(teacher.encoder), kept)
-        if ffn is not None:
-            encoders.prune_ffn(encoder, *ffn)
-        if bigrams or attention is not None:
-            encoder = student_bert.student_bert(encoder, bigrams, attention)
-        if not fresh_head:
-            return Model(encoder, copy.deepcopy(dict(teacher.heads.items()))).cpu().train()
-    elif kind == "conv":
-        from zhie.encoders.conv import conv_student
-
-        encoder = conv_student(teacher.encoder, hidden_size=width, layers=blocks, dilations=dilations,
-                               bigram_buckets=bigrams, seed=seed)
-    elif kind == "narrow":
-        encoder = narrow_student(teacher.encoder, width, blocks, seed)
-    else:
-        encoder = fresh_encoder(teacher.encoder, task.tokenizer, origin, seed)
-    with seeded(seed):
-        model = Model(encoder, task.build_heads(encoder.config.hidden_size))
-    return model.cpu().train()
-
-
-def narrow_student(teacher_encoder: nn.Module, width: int, layers: int, seed: int) -> nn.Module:
-    """A transformer narrower than the teacher over the teacher's own embeddings: ALBERT's layout with nothing shared
-    (``num_hidden_groups`` = ``layers``), whose embeddings (words, positions, token types and their LayerNorm, of the
-    teacher's width) are copies of the teacher's, so that its first activations are the teacher's, followed by a learnt
-    projection to ``width`` and ``layers`` transformer layers of ``width`` (heads of 64, feed-forward 4 × ``width``,
-    the teacher's activation), initialised from ``seed``. Only BERT-like teachers have such embeddings (e5-small and
-    ``tiny``); others are refused."""
-    student = encoders.build(narrow_config(teacher_encoder, width, layers), seed=seed)
-    with torch.no_grad():
-        for name in NARROW_COPIED:
-            getattr(student.embeddings, name).load_state_dict(getattr(teacher_encoder.embeddings, name).state_dict())
-    return student
-
-
-NARROW_COPIED = ("word_embeddings", "position_embeddings", "token_type_embeddings", "LayerNorm")
-
-
-def narrow_config(teacher_encoder: nn.Module, width: int, layers: int):
-    """The ALBERT configuration of :func:`narrow_student`; a clear error for a teacher that is not BERT-like or a
-    ``width`` that is not a positive multiple of 64."""
-    from transformers import AlbertConfig
-
-    teacher = teacher_encoder.config
-    emb = getattr(teacher_encoder, "embeddings", None)
-    if emb is None or not all(hasattr(emb, name) for name in NARROW_COPIED) or teacher.model_type != "bert":
-        raise ValueError(f"--student narrow copies a BERT-like teacher's embeddings (words, positions, token types); "
-                         f"this teacher's encoder is {teacher.model_type!r}: use --student conv")
-    if width % 64 or width <= 0:
-        raise ValueError(f"--width {width}: a narrow student's width is a multiple of 64 (its attention heads are 64 "
-                         "wide)")
-    return AlbertConfig(vocab_size=teacher.vocab_size, embedding_size=teacher.hidden_size, hidden_size=width,
-                        num_hidden_layers=layers, num_hidden_groups=layers, num_attention_heads=width // 64,
-                        intermediate_size=4 * width, inner_group_num=1, hidden_act=teacher.hidden_act,
-                        hidden_dropout_prob=teacher.hidden_dropout_prob,
-                        attention_probs_dropout_prob=teacher.attention_probs_dropout_prob,
-                        max_position_embeddings=teacher.max_position_embeddings,
-                        type_vocab_size=teacher.type_vocab_size, layer_norm_eps=teacher.layer_norm_eps,
-                        pad_token_id=teacher.pad_token_id)
-
-
-def teacher_origin(directory: Path) -> str:
-    """The encoder the model in ``directory`` was fine-tuned from (its ``training.json``'s ``encoder``)."""
-    try:
-        return json.loads((directory / "training.json").read_text(encoding="utf-8"))["encoder"]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"{directory}: no training.json naming the encoder it was trained from; --student fresh "
-                         "starts again from that encoder, so it needs a model that zhie trained") from None
-
-
-def fresh_encoder(teacher_encoder: nn.Module, tokenizer, origin: str | None, seed: int) -> nn.Module:
-    """The teacher's encoder as it was before its training (a born-again student's): the pre-trained encoder
-    ``origin`` (the teacher's ``training.json`` ``encoder``, e.g. ``e5-small``) with its vocabulary cut to the
-    teacher's tokens (``tokenizer``'s, in its order) and its first ``num_hidden_layers`` layers; when the teacher
-    was trained from a random encoder (``tiny``, ``new:...``, or ``origin`` None), the teacher's architecture
-    initialised anew from ``seed``."""
-    layers = teacher_encoder.config.num_hidden_layers
-    if origin is None or encoders.is_random(origin):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return type(teacher_encoder)(copy.deepcopy(teacher_encoder.config))
-    model, full = encoders.load(origin)
-    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    ids = full.convert_tokens_to_ids(tokens)
-    unknown = [t for t, i in zip(tokens, ids) if i is None or (i == full.unk_token_id and t != full.unk_token)]
-    if unknown:
-        raise ValueError(f"the teacher's tokens {unknown[:5]} are not in {origin}'s vocabulary: it was not fine-tuned "
-                         f"from {origin}, so --student fresh cannot start again from it")
-    model, pruned = encoders.prune_vocab(model, full, ids)
-    if pruned.convert_ids_to_tokens(list(range(len(pruned)))) != tokens:
-        raise ValueError(f"{origin}'s vocabulary cut to the teacher's tokens does not give the teacher's token ids; "
-                         "--student fresh needs the teacher's vocabulary to be a cut of its encoder's")
-    if model.config.num_hidden_layers != layers:
-        encoders.truncate_layers(model, layers)
-    return model
-
-
-def identity_changes(stored: dict, identity: dict) -> list[str]:
-    """The keys of ``identity`` whose values a stored identity does not share, sorted."""
-    return sorted(k for k in identity if stored.get(k) != identity[k])
-
-
-def reused_lessons(run: Path, identity: dict) -> dict:
-    """The teacher outputs that the distillation in ``run`` stored, which must have the same ``identity`` (teachers'
-    weights, data files, settings) as the run that reuses them."""
-    path = run / TARGETS
-    if not path.exists():
-        raise ValueError(f"--targets-from {run}: no stored teacher outputs there ({TARGETS}); name the --out "
-                         "directory of an earlier zhie distill run")
-    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
-    changed = identity_changes(stored["identity"], identity)
-    if changed:
-        raise ValueError(f"--targets-from {run}: its teacher outputs come from other {', '.join(changed)}; reuse "
-                         "only a run of the same teachers, data and settings")
-    return stored
-
-
-def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
-    """What an earlier run with the same ``identity`` stored in ``out`` (``{"identity", "lessons"}``, and
-    ``"ffn_activity"`` and ``"head_activity"`` where it measured them); None when there is none (or ``resume`` is
-    off). A run directory that holds a checkpoint of another teacher or data is refused."""
-    path = out / TARGETS
-    if not resume or not path.exists():
-        return None
-    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
-    if stored["identity"] == identity:
-        return stored
-    if (out / "checkpoint.pt").exists():
-        changed = identity_changes(stored["identity"], identity)
-        raise ValueError(f"{out} holds a distillation from other {', '.join(changed)}: resuming would mix two runs; "
-                         "use another --out, or --no-resume to start this one over")
-    return None
+def cmd_distill_student(args) -> dict:
+    options = values_from_flags(args, StudentOptions)
+    return distill_student(options.pop("teacher"), options.pop("train"), **options, config=config_from_flags(args),
+                           resume=not args.no_resume, progress=not args.quiet)

@@ -1,0 +1,126 @@
+"""What a request to the HTTP service passes before its body is read (:class:`Gate`, ASGI middleware), and the API key
+it checks (:func:`read_api_key`, :func:`given_key`).
+
+Refusals, cheapest first, each from the headers: with ``api_key`` set, every request but ``/health``, the page and the
+API description (``/``, its files, ``/docs``, ``/redoc``, ``/openapi.json``: static documents with no model output)
+needs ``Authorization: Bearer KEY`` (401; Label Studio's basic authentication carries the key as the password); past
+``max_in_flight`` requests in flight (not counting those open ones) 503 with ``Retry-After``; a body larger than
+``max_body_bytes`` 413 (its bytes are counted as they arrive, chunked bodies too, and reading stops at the limit). The
+refusals that read the body are :class:`zhie.deploy.service.Service`'s.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import secrets
+from pathlib import Path
+
+from fastapi.responses import JSONResponse
+
+from zhie.deploy.batcher import RETRY_AFTER_S
+from zhie.deploy.service import Service
+
+API_KEY_ENV = "ZHIE_API_KEY"
+
+
+class Gate:
+    """ASGI middleware: what a request must pass before its body is read, cheapest first, each from the headers: the
+    API key (401), the cap on requests in flight (503 with ``Retry-After``), the body's declared size (413); then it
+    reads the body, counting the bytes as they arrive (413 and the connection closed at the first chunk past the
+    limit), and hands the app the whole body. The ``open_paths`` (``/health``, the page, the API description) need no
+    key and are not counted. ``service.in_flight`` counts the requests it let through that are not answered yet."""
+
+    def __init__(self, app, service: Service, api_key: str | None, open_paths: frozenset[str]) -> None:
+        self.app, self.service, self.api_key, self.open_paths = app, service, api_key, open_paths
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if scope["path"] in self.open_paths:
+            await self._read(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.api_key is not None:
+            if not secrets.compare_digest(given_key(headers.get(b"authorization", b"")), self.api_key.encode()):
+                await _refuse(scope, receive, send, 401, "missing or wrong API key: send the header "
+                              "'Authorization: Bearer KEY' (or Basic authentication with KEY as the password)",
+                              {"WWW-Authenticate": "Bearer"})
+                return
+        limit = self.service.limits.max_in_flight
+        if self.service.in_flight >= limit:
+            await _refuse(scope, receive, send, 503, f"the server is busy: it has the most requests in flight it "
+                          f"takes ({limit}, --max-in-flight); retry in {RETRY_AFTER_S} s",
+                          {"Retry-After": str(RETRY_AFTER_S)})
+            return
+        self.service.in_flight += 1
+        try:
+            await self._read(scope, receive, send)
+        finally:
+            self.service.in_flight -= 1
+
+    async def _read(self, scope, receive, send) -> None:
+        limit = self.service.limits.body_bytes
+        length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+        if not length.isdigit() or int(length) > limit:
+            await _refuse(scope, receive, send, 413, f"request body of {length} bytes is over the limit of {limit} "
+                                                     "bytes")
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > limit:
+                await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
+                                                         f"stopped at {size} bytes)")
+                return
+        body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+
+        async def replay():
+            return body.pop() if body else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def given_key(authorization: bytes) -> bytes:
+    """The API key an ``Authorization`` header gives: ``Bearer KEY``, or ``Basic`` with KEY as the password (any user
+    name: how Label Studio authenticates to an ML backend); b"" for anything else."""
+    scheme, _, value = authorization.partition(b" ")
+    if scheme.lower() == b"bearer":
+        return value.strip()
+    if scheme.lower() == b"basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except binascii.Error:
+            return b""
+    return b""
+
+
+async def _refuse(scope, receive, send, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    """Answer ``status`` with ``detail`` and close the connection: the body, if any, is left unread."""
+    await JSONResponse({"detail": detail}, status_code=status,
+                       headers={**(headers or {}), "Connection": "close"})(scope, receive, send)
+
+
+def read_api_key(key: str | None = None, path: str | os.PathLike | None = None,
+                 environ: dict[str, str] | None = None) -> str | None:
+    """The API key: ``key`` (``--api-key``, visible to anyone who can list processes), else the first line of the
+    file ``path`` (``--api-key-file``), else the environment variable ``ZHIE_API_KEY``; None when none is set."""
+    environ = os.environ if environ is None else environ
+    if key is not None and path is not None:
+        raise ValueError("give the API key once: --api-key or --api-key-file, not both")
+    where = "--api-key"
+    if path is not None:
+        key, where = Path(path).read_text(encoding="utf-8").split("\n", 1)[0].strip(), f"the file {path}"
+    elif key is None and environ.get(API_KEY_ENV) is not None:
+        key, where = environ[API_KEY_ENV].strip(), f"${API_KEY_ENV}"
+    if key is not None and not key:
+        raise ValueError(f"the API key from {where} is empty")
+    return key
+
