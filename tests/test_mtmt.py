@@ -264,6 +264,18 @@ def tags_of(pipe, texts: list[str]) -> list[int]:
     return [int(x) for rows in word_outputs(pipe.model, pipe.task.head_name, tt, inputs) for x in rows.argmax(-1)]
 
 
+def test_a_rerun_with_another_setting_or_target_is_refused_not_mixed(teachers, encoder_dir, tmp_path):
+    """The MTMT student's run is its teachers, data and every setting: resuming it with another is refused."""
+    args = dict(out=tmp_path / "s", format="wikiann", encoder=str(encoder_dir), pairs=32, progress=False,
+                config=TrainConfig(epochs=1, batch_size=16, seed=0))
+    distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", **args)
+    with pytest.raises(ValueError, match=r"(?s)would mix two runs.*loss_alpha.*--no-resume"):
+        distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", loss_alpha=0.9, **args)
+    with pytest.raises(ValueError, match=r"(?s)would mix two runs.*\n  data: "):
+        distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", dev=teachers / "dev.txt", **args)
+    distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", loss_alpha=0.9, resume=False, **args)
+
+
 def test_a_tiny_student_copies_its_teacher(teachers, encoder_dir, tmp_path):
     distill(teachers / "rec", teachers / "ev", teachers / "tgt.txt", out=tmp_path / "student", format="wikiann",
             encoder=str(encoder_dir), pairs=320, config=TrainConfig(epochs=3, batch_size=16, lr=5e-3,

@@ -122,3 +122,71 @@ def test_config_toml_reruns_the_run_and_flags_override_it(data, capsys):
     (data / "bad.toml").write_text('task = "ner"\nheads = "gp"\n[training]\nlr = 1e-3\n', encoding="utf-8")
     assert main(["train", "--config", str(data / "bad.toml"), "--out", str(data / "d")]) == 2
     assert "heads: not a setting of zhie train ner" in capsys.readouterr().err
+
+
+def test_a_lock_released_by_one_job_cannot_be_held_by_two_others(tmp_path):
+    """A job that opened the lock file just before the holder let go, and a third job that claims the directory
+    after: they lock one file, so only one of them holds it (a lock file removed on release would give each its
+    own file, and both the directory)."""
+    import fcntl
+    import os
+
+    out = tmp_path / "run"
+    with claim(out):
+        late = os.open(out.with_name(".run.lock"), os.O_RDWR)  # the second job, between its open and its lock
+    try:
+        with claim(out):  # the third job
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(late, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(late)
+
+
+def _hold_and_check(out: str, rounds: int, clashes) -> None:
+    """One of several processes racing for ``out``: each time it holds the lock, no other may be inside."""
+    import os
+    import time
+
+    inside = f"{out}.inside"
+    for _ in range(rounds):
+        try:
+            with claim(out):
+                try:
+                    os.close(os.open(inside, os.O_CREAT | os.O_EXCL))
+                except FileExistsError:
+                    clashes.value += 1
+                    continue
+                time.sleep(0.0005)
+                os.unlink(inside)
+        except ValueError:  # refused: another holds it
+            pass
+
+
+def test_processes_racing_for_one_run_directory_never_hold_it_together(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    clashes = ctx.Value("i", 0)
+    jobs = [ctx.Process(target=_hold_and_check, args=(str(tmp_path / "run"), 300, clashes)) for _ in range(3)]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(120)
+    assert [job.exitcode for job in jobs] == [0, 0, 0] and clashes.value == 0
+
+
+def test_a_run_started_over_leaves_no_model_of_the_old_one(data, monkeypatch):
+    """``--no-resume`` (resume=False): until the new run saves its first model, ``best/`` holds none, never the old
+    run's under the new run's config.toml."""
+    from zhie.training import session
+
+    fit(data)
+    assert (data / "run" / "best").is_dir()
+
+    def crash(self, *args, **kwargs):
+        raise RuntimeError("stopped before the first evaluation")
+
+    monkeypatch.setattr(session.Session, "loop", crash)
+    with pytest.raises(RuntimeError, match="before the first evaluation"):
+        fit(data, head="egp", resume=False)
+    assert not (data / "run" / "best").exists() and not (data / "run" / "checkpoint.pt").exists()

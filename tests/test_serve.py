@@ -142,6 +142,35 @@ def test_api_key_guards_every_endpoint_but_health_and_the_page(ner_pipe, sim_pip
         assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
 
 
+def test_the_open_paths_refuse_a_body_without_reading_it(ner_pipe):
+    """``/health``, the page and the API description need no key, and so take no body: a declared one (a length, or
+    chunks) is refused at once, before a byte of it is read, so that keyless clients cannot make the server buffer
+    bodies; without a body they answer as always."""
+    app = create_app(ner_pipe, api_key="s3cret")
+    with TestClient(app) as client:
+        for path in ("/health", "/health/ready", "/", "/openapi.json", "/docs"):
+            assert client.post(path, content=b"x" * 1_000_000).status_code == 413, path
+            assert client.get(path).status_code in (200, 503), path
+        reads = []
+
+        async def receive():
+            reads.append(1)
+            return {"type": "http.request", "body": b"x" * 65536, "more_body": True}
+
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        for headers in ([(b"content-length", b"15000000")], [(b"transfer-encoding", b"chunked")]):
+            scope = {"type": "http", "method": "POST", "path": "/health", "headers": headers, "query_string": b"",
+                     "http_version": "1.1", "scheme": "http", "server": ("testserver", 80), "client": ("c", 1),
+                     "root_path": ""}
+            asyncio.run(app.middleware_stack(scope, receive, send))
+            assert sent[0]["status"] == 413 and not reads
+            sent.clear()
+
+
 def test_embed_and_similarity(sim_pipe, ner_pipe):
     texts = ["王伟在青山市工作。", "王伟在青山市工作。", "据远华集团消息，临江县将举办一场展览。"]
     with TestClient(create_app(sim_pipe)) as client:

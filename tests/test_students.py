@@ -553,6 +553,29 @@ def test_a_run_reuses_the_teacher_outputs_of_an_earlier_run_of_the_same_teacher_
     with pytest.raises(ValueError, match="no stored teacher outputs"):
         distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "none", targets_from=tmp_path / "t2",
                         **args)
+    # other dev texts are other items (texts in dev are left out of the unlabelled ones): not the same outputs
+    write_ner_jsonl(nested_corpus(6, seed=21), tmp_path / "other_dev.jsonl")
+    with pytest.raises(ValueError, match="its teacher outputs come from other data"):
+        distill_student([teacher], ner_files / "train.jsonl", out=tmp_path / "d2", targets_from=tmp_path / "first",
+                        **{**args, "dev": tmp_path / "other_dev.jsonl"})
+
+
+def test_stored_teacher_outputs_load_without_running_code(ner_files, tmp_path):
+    """A run directory copied in from elsewhere (--targets-from, or a resumed --out) cannot run code as its stored
+    teacher outputs load: only tensors, plain values and zhie's own item classes are read."""
+    import os
+
+    class Boom:
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    copied = tmp_path / "copied"
+    (copied / teachers.TARGETS).parent.mkdir(parents=True)
+    torch.save({"identity": {}, "lessons": [Boom()]}, copied / teachers.TARGETS)
+    with pytest.raises(ValueError, match="not teacher outputs that zhie loads"):
+        distill_student([trained("ner-gp")], ner_files / "train.jsonl", out=tmp_path / "s", targets_from=copied,
+                        encoder_layers=1, config=_config(1), progress=False)
+    assert not (tmp_path / "ran").exists()
 
 
 # ------------------------------------------------------------------------------------------------ hidden states

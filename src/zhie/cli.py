@@ -307,10 +307,13 @@ def cmd_eval(args) -> None:
     if args.errors:
         from zhie.deploy import error_report
 
-        metrics, errors = error_report.evaluate(pipe, examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
+        with stream.collector_paused():
+            metrics, errors = error_report.evaluate(pipe, examples, batch_size=args.batch_size,
+                                                    max_tokens=args.max_tokens)
         error_report.write(args.errors, errors)
     else:
-        metrics = pipe.evaluate(examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
+        with stream.collector_paused():
+            metrics = pipe.evaluate(examples, batch_size=args.batch_size, max_tokens=args.max_tokens)
     print(pipe.task.report(metrics))
     if metrics.get("n_gold") == 0:  # scored, but against nothing: say why every score is 0
         print(f"zhie: warning: {args.data}: none of its {len(examples)} examples has a gold label, so every score is 0 "
@@ -371,7 +374,13 @@ def cmd_task_command(args) -> None:
 def write_outputs(args, pipe, command=None) -> None:
     """Stream the input of ``args`` (texts, then ``--input`` files: :class:`zhie.deploy.stream.TextReader`) through
     ``pipe.stream`` and write one output per input line, in order (:func:`output_line`), to stdout or ``--output``;
-    the rows of an ``.npy`` file and its mask for a command with ``vectors`` and ``--output``."""
+    the rows of an ``.npy`` file and its mask for a command with ``vectors`` and ``--output``; with the garbage
+    collector paused (:func:`zhie.deploy.stream.collector_paused`: this process does nothing else)."""
+    with stream.collector_paused():
+        _write_outputs(args, pipe, command)
+
+
+def _write_outputs(args, pipe, command) -> None:
     reader = stream.TextReader(args.texts, args.input, skip_bad_lines=args.skip_bad_lines,
                                input_format=args.input_format, command=args.command)
     options = command.options(args) if command is not None and command.options is not None else {}

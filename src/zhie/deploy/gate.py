@@ -4,7 +4,8 @@ it checks (:func:`read_api_key`, :func:`given_key`).
 Refusals, cheapest first, each from the headers: with ``api_key`` set, every request but ``/health``, the page and the
 API description (``/``, its files, ``/docs``, ``/redoc``, ``/openapi.json``: static documents with no model output)
 needs ``Authorization: Bearer KEY`` (401; Label Studio's basic authentication carries the key as the password); past
-``max_in_flight`` requests in flight (not counting those open ones) 503 with ``Retry-After``; a body larger than
+``max_in_flight`` requests in flight (not counting those open ones, which take no body: 413 unread) 503 with
+``Retry-After``; a body larger than
 ``max_body_bytes`` 413 (its bytes are counted as they arrive, chunked bodies too, and reading stops at the limit). The
 refusals that read the body are :class:`zhie.deploy.service.Service`'s.
 """
@@ -39,10 +40,13 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope["path"] in self.open_paths:
-            await self._read(scope, receive, send)
-            return
         headers = dict(scope["headers"])
+        if scope["path"] in self.open_paths:  # GET documents: a body is refused unread, before anything is buffered
+            if headers.get(b"content-length", b"0") != b"0" or b"transfer-encoding" in headers:
+                await _refuse(scope, receive, send, 413, f"{scope['path']} takes no request body")
+                return
+            await self.app(scope, receive, send)
+            return
         if self.api_key is not None:
             if not secrets.compare_digest(given_key(headers.get(b"authorization", b"")), self.api_key.encode()):
                 await _refuse(scope, receive, send, 401, "missing or wrong API key: send the header "

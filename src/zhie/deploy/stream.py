@@ -12,6 +12,8 @@ count is printed).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import itertools
 import sys
@@ -207,3 +209,20 @@ def write_npy(path: str, rows: Iterable[tuple[np.ndarray, bool]], block_rows: in
         _stopped(vectors.shape[0], [partial_path(path), partial_path(mask)])
         raise
     return vectors.shape
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (where it was running) while a command of one process (``zhie predict``,
+    ``segment``, ``embed``, ``eval``) streams its texts, and restored after. The predictions make a few small objects
+    per entity or word (hits, spans, their tuples), none in a reference cycle: the collector's passes over them took
+    ~10 % of ``zhie predict``'s time for a word segmenter (SXU's 3,654 sentences, 113,746 words). Reference counting
+    still frees every object. Never in a library call or the service, whose other threads (the event loop) the
+    pause would reach too."""
+    running = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if running:
+            gc.enable()

@@ -244,6 +244,8 @@ class Task:
     # targets, computed once (``soft_targets``), added to its batch (``soft_batch``) and scored (``soft_loss``).
     hard_labels: ClassVar[bool] = True  # False: the student learns from the teacher's outputs only (no hard loss)
     soft_temperature: ClassVar[bool] = True  # False: soft_targets and soft_loss take no temperature (--temperature)
+    item_types: ClassVar[tuple[type, ...]] = ()  # the classes of the training items: a student's stored teacher
+    # outputs hold them, and load with them allowed and nothing else (torch.load(weights_only=True))
 
     def distill_items(self, examples: list, texts: list[str], label: Callable[[list[str]], list]) -> list:
         """The student's training items: those of the labelled ``examples`` and of the unlabelled ``texts``, labelled

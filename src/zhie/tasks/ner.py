@@ -69,6 +69,7 @@ class NerTask(WindowedTask):
     """Entities of a text: ``predict`` returns, per text, a sorted list of :class:`zhie.core.spans.Span` with
     ``label`` and ``score`` (nested spans for GP/EGP models trained on nested data)."""
 
+    item_types = (NerWindow,)  # its training items (stored teacher outputs load with them allowed)
     name = "ner"
     help = "named-entity recognition (softmax, crf, gp, egp heads)"
     config_class = NerConfig

@@ -8,7 +8,6 @@ task's module, so the class lives in the tasks' layer; :mod:`zhie.deploy.pipelin
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -70,7 +69,7 @@ class Pipeline:
         """One prediction per text, in input order (a single string counts as a list of one); the type of a
         prediction is the task's (see its ``predict``). ``max_tokens``: batches of at most that many padded tokens
         over length-sorted texts instead of ``batch_size`` texts."""
-        with self.autocast(), collector_paused():
+        with self.autocast():
             return self.task.predict(self.model, [texts] if isinstance(texts, str) else list(texts), batch_size,
                                      max_tokens=max_tokens)
 
@@ -83,7 +82,7 @@ class Pipeline:
         return stream_predictions(lambda chunk: self.predict(chunk, batch_size, max_tokens), texts, chunk_size)
 
     def evaluate(self, examples: list, batch_size: int = 32, max_tokens: int | None = None) -> dict:
-        with self.autocast(), collector_paused():
+        with self.autocast():
             return self.task.evaluate(self.model, examples, batch_size, max_tokens=max_tokens)
 
     def member(self, name: str) -> Pipeline:
@@ -92,22 +91,6 @@ class Pipeline:
         if name not in (self.task.name, *self.task.aliases):
             raise ValueError(f"this is a single-task {self.task.name} model; it has no member task {name!r}")
         return self
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (where it was running) while one call predicts its texts. A call makes
-    a few small objects per entity or word (hits, spans, their tuples), none in a reference cycle, and keeps them
-    until it returns: the collector's passes over them took ~10 % of ``zhie predict``'s time for a word segmenter (SXU's
-    3,654 sentences, 113,746 words). Reference counting still frees every object, and the collector runs again
-    after."""
-    running = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if running:
-            gc.enable()
 
 
 def stream_predictions(predict: Callable[[list[str]], Sequence], texts: Iterable[str], chunk_size: int) -> Iterator:

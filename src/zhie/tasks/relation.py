@@ -100,6 +100,7 @@ class RelationTask(WindowedTask):
     """Triples of a text: ``predict`` returns, per text, a list of :class:`zhie.data.spo.Triple` (subject and
     object as :class:`zhie.core.spans.Span` with exact offsets, predicate, score)."""
 
+    item_types = (RelationWindow,)  # its training items (stored teacher outputs load with them allowed)
     name = "re"
     help = "relation extraction with GPLinker (triples)"
     config_class = RelationConfig

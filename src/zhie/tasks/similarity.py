@@ -103,6 +103,7 @@ class SentencePipeline(Pipeline):
 class SimilarityTask(Task):
     """Sentence vectors: ``predict`` returns a float32 array ``[len(texts), hidden]`` of L2-normalised vectors."""
 
+    item_types = (EncodedPair,)  # its training items (stored teacher outputs load with them allowed)
     name = "similarity"
     aliases = ("sts",)
     help = "sentence embeddings from sentence pairs (CoSENT, Sentence-BERT, cosine-MSE)"

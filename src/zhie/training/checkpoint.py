@@ -99,7 +99,8 @@ def claim(out_dir: Path) -> Iterator[None]:
     """Hold the lock of the run directory ``out_dir`` for a training job (the main process's): a second job on the
     same directory is refused at once instead of interleaving its checkpoints with the first's. The lock file lives
     beside the directory (``.NAME.lock``), since a job may replace the directory itself; the system releases the lock
-    if the process dies."""
+    if the process dies. The file stays when the lock is released: a job that opened it just before would otherwise
+    lock the removed file while a third job locks a new one at the same path, and both would hold the directory."""
     from filelock import FileLock, Timeout
 
     out_dir = Path(out_dir)
@@ -112,9 +113,8 @@ def claim(out_dir: Path) -> Iterator[None]:
                          "for it to end, or give this run another --out") from None
     try:
         yield
-    finally:  # the lock file goes with the lock: a job that was refused or failed early leaves nothing behind
+    finally:
         lock.release()
-        Path(lock.lock_file).unlink(missing_ok=True)
 
 
 def claims_out(job: Callable) -> Callable:

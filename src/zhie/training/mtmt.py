@@ -41,7 +41,7 @@ from .checkpoint import claims_out
 from .config import RunOptions, TrainConfig, add_job_flags, config_from_flags
 from .loop import train
 from .record import finish, run_record, saver, write_run_config, write_summary
-from .teachers import load_teachers
+from .teachers import load_teachers, teacher_identity
 
 __all__ = ["MtmtOptions", "add_command", "distill"]
 
@@ -236,12 +236,16 @@ def distill(recognizer: str | os.PathLike, evaluator: str | os.PathLike, target:
                                                "alpha": alpha, "beta": beta, "gamma": gamma, "similarity": similarity,
                                                "head_lr_ratio": head_lr_ratio},
                          given, {"lr": config.lr, "head_lr": config.head_lr})
-    evaluator = Evaluator(student, dev_examples) if dev_examples is not None else None
+    scorer = Evaluator(student, dev_examples) if dev_examples is not None else None
     files = {"target": str(target), **({"dev": str(dev)} if dev is not None else {})}  # the teachers: in options
     record = run_record(files, encoder=str(encoder), config=config, options=summary) if is_main_process() else {}
+    # what the run is: the teachers' weights, the data and every setting (a resume with another is refused)
+    identity = teacher_identity([recognizer, evaluator], files, {
+        "format": format, "encoder": str(encoder), "encoder_layers": encoder_layers, "pairs": pairs,
+        "balanced": balanced, "head_lr_ratio": head_lr_ratio, **objective.switches})
     result = train(model, items, collate=teachers.collate, loss_fn=objective, config=config, out_dir=out,
-                   evaluate=evaluator, metric=student.metric, save_best=saver(student, record, evaluator),
-                   lengths=lengths, resume=resume, progress=progress)
+                   evaluate=scorer, metric=student.metric, save_best=saver(student, record, scorer),
+                   lengths=lengths, resume=resume, progress=progress, identity=identity)
     if is_main_process():
         finish(out / "best", result, student.describe())
     return result

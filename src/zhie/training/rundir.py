@@ -8,6 +8,7 @@ Only the main process writes here; the engine calls it.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,9 +51,11 @@ class RunDir:
         recover_dir(self.out_dir / BEST)
         if resumed:  # drop evaluations logged after the checkpoint: they are about to be redone
             write_jsonl(self.out_dir / METRICS, history)
-        else:
+        else:  # a run that starts over leaves nothing of an earlier one where its own will be: no old model in best/
             self.checkpoint_path.unlink(missing_ok=True)
             (self.out_dir / METRICS).unlink(missing_ok=True)
+            (self.out_dir / PLOT).unlink(missing_ok=True)
+            shutil.rmtree(self.out_dir / BEST, ignore_errors=True)
 
     def log(self, record: dict, history: list[dict]) -> None:
         append_jsonl(self.out_dir / METRICS, record)

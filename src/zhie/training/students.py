@@ -60,8 +60,6 @@ from .student_models import STUDENTS, check_student, other_head, student_model, 
 from .teachers import Lesson, first_model, load_teachers, teacher_identity, teacher_lessons
 
 __all__ = ["DistillObjective", "StudentOptions", "distill_student"]
-# Lesson is imported here also for the teacher/targets.pt files stored before it moved to .teachers, whose pickles
-# name it zhie.training.students.Lesson (--targets-from and resumed runs read them)
 
 STUDENT_LR = 1e-4  # the student's encoder learning rate when none is given; its heads learn at the same rate
 
@@ -283,7 +281,8 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
               "hard_weight": hard, "temperature": temperature,
               **({"hidden_weight": hidden_weight} if hidden_weight else {}), "unlabelled_texts": len(texts),
               "max_unlabelled": max_unlabelled, **text_stats}
-    identity = teacher_identity(teachers, {k: v for k, v in files.items() if k != "dev"},
+    # the dev texts too: they are left out of the unlabelled texts, so other dev texts make other items
+    identity = teacher_identity(teachers, files,
                                 {**({"temperature": temperature} if cls.soft_temperature else {}),
                                  "max_unlabelled": max_unlabelled, "format": format})
     measures = {name: kind for name, kind, wanted in (("ffn_activity", encoders.FfnActivity, ffn_width),

@@ -143,9 +143,10 @@ def teacher_lessons(teacher: Pipeline, items: Callable[[], list], out: Path, ide
     ``measures`` (``{name: Activity class}``, :func:`unit_activity` of :func:`first_model`'s encoder, stored under
     ``name``) and, with ``hidden``, the teacher's last hidden states (:func:`teacher_hidden`). Each addition is stored
     in ``out/TARGETS`` at once, so that a run that stops there does not compute it again."""
-    stored = stored_lessons(out, identity, resume)
+    types = type(teacher.task).item_types
+    stored = stored_lessons(out, identity, resume, types)
     if stored is None and targets_from is not None:
-        stored = reused_lessons(Path(targets_from), identity)
+        stored = reused_lessons(Path(targets_from), identity, types)
         save_lessons(out, stored)
     if stored is None:
         made = items()
@@ -177,14 +178,28 @@ def identity_changes(stored: dict, identity: dict) -> list[str]:
     return sorted(k for k in identity if stored.get(k) != identity[k])
 
 
-def reused_lessons(run: Path, identity: dict) -> dict:
+def load_lessons(path: Path, item_types: tuple[type, ...]) -> dict:
+    """Stored teacher outputs (:func:`save_lessons`), loaded without running any code a copied-in file may carry:
+    ``torch.load(weights_only=True)`` with only :class:`Lesson` and the task's ``item_types`` allowed besides
+    tensors and plain values."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals([Lesson, *item_types]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"{path}: not teacher outputs that zhie loads ({str(err).splitlines()[0]}); remove the file, "
+                         "and the teacher labels the items again") from None
+
+
+def reused_lessons(run: Path, identity: dict, item_types: tuple[type, ...]) -> dict:
     """The teacher outputs that the distillation in ``run`` stored, which must have the same ``identity`` (teachers'
     weights, data files, settings) as the run that reuses them."""
     path = run / TARGETS
     if not path.exists():
         raise ValueError(f"--targets-from {run}: no stored teacher outputs there ({TARGETS}); name the --out "
                          "directory of an earlier zhie distill run")
-    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
+    stored = load_lessons(path, item_types)
     changed = identity_changes(stored["identity"], identity)
     if changed:
         raise ValueError(f"--targets-from {run}: its teacher outputs come from other {', '.join(changed)}; reuse "
@@ -192,14 +207,14 @@ def reused_lessons(run: Path, identity: dict) -> dict:
     return stored
 
 
-def stored_lessons(out: Path, identity: dict, resume: bool) -> dict | None:
+def stored_lessons(out: Path, identity: dict, resume: bool, item_types: tuple[type, ...]) -> dict | None:
     """What an earlier run with the same ``identity`` stored in ``out`` (``{"identity", "lessons"}``, and
     ``"ffn_activity"`` and ``"head_activity"`` where it measured them); None when there is none (or ``resume`` is
     off). A run directory that holds a checkpoint of another teacher or data is refused."""
     path = out / TARGETS
     if not resume or not path.exists():
         return None
-    stored = torch.load(path, weights_only=False)  # our own file: dataclasses of the task's items
+    stored = load_lessons(path, item_types)
     if stored["identity"] == identity:
         return stored
     if (out / "checkpoint.pt").exists():
