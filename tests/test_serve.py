@@ -171,6 +171,56 @@ def test_the_open_paths_refuse_a_body_without_reading_it(ner_pipe):
             sent.clear()
 
 
+def _http(path: str, headers: list[tuple[bytes, bytes]]) -> dict:
+    return {"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b"",
+            "http_version": "1.1", "scheme": "http", "server": ("testserver", 80), "client": ("c", 1), "root_path": ""}
+
+
+def test_the_bytes_held_across_requests_are_bounded_and_slow_bodies_cut_off(ner_pipe):
+    """Bodies held at once count against --max-buffered-mb (a declared length is reserved before a byte is read, a
+    chunked body as it arrives): past it 503 with Retry-After, and the bytes come back when a request ends; a body
+    that does not arrive within --body-timeout gets 408."""
+    app = create_app(ner_pipe, limits=Limits(max_texts=8, max_text_length=100_000, max_buffered_mb=1,
+                                             body_timeout=0.3))
+    with TestClient(app) as client:
+        service_health = lambda: client.get("/health").json()["body_bytes_held"]  # noqa: E731
+
+        async def race():
+            sent, waiting = {}, asyncio.Event()
+
+            def sender(name):
+                async def send(message):
+                    sent.setdefault(name, message)
+                return send
+
+            async def slow():  # a client that declared 600 kB and sends nothing for now
+                await waiting.wait()
+                return {"type": "http.disconnect"}
+
+            async def never():
+                await asyncio.sleep(10)
+
+            first = asyncio.create_task(app.middleware_stack(_http("/predict", [(b"content-length", b"600000")]), slow,
+                                                             sender("first")))
+            await asyncio.sleep(0.05)
+            held = app.state.service.buffered
+            # a second 600 kB body would pass the 1 MB budget: refused at once, unread
+            await app.middleware_stack(_http("/predict", [(b"content-length", b"600000")]), never, sender("second"))
+            # a slow body is cut off
+            await app.middleware_stack(_http("/predict", [(b"content-length", b"10")]), never, sender("slow"))
+            waiting.set()
+            await first
+            return held, sent
+
+        held, sent = asyncio.run(race())
+        assert held == 600_000
+        assert sent["second"]["status"] == 503 and (b"retry-after", b"1") in [
+            (k.lower(), v) for k, v in sent["second"]["headers"]]
+        assert sent["slow"]["status"] == 408
+        assert service_health() == 0  # every byte given back
+        assert client.post("/predict", json={"texts": ["好"]}).status_code == 200
+
+
 def test_embed_and_similarity(sim_pipe, ner_pipe):
     texts = ["王伟在青山市工作。", "王伟在青山市工作。", "据远华集团消息，临江县将举办一场展览。"]
     with TestClient(create_app(sim_pipe)) as client:
@@ -453,7 +503,7 @@ def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
     served = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
     assert main(["serve", str(trained("ner-gp")), "--precision", "bf16", "--port", "8123"]) == 0
-    assert served["port"] == 8123
+    assert served["port"] == 8123 and served["limit_concurrency"] == 512  # --max-connections' default
     log = served["log_config"]  # zhie's records (a 500's traceback) go where uvicorn's own errors go: stderr
     assert log["loggers"]["zhie"]["handlers"] == ["default"] and log["handlers"]["default"]["stream"] == "ext://sys.stderr"
     with TestClient(served["app"]) as client:

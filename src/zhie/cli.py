@@ -448,7 +448,7 @@ def cmd_serve(args) -> None:
     serve.serve(args.model, host=args.host, port=args.port, batching=serve.Batching(**values_from_flags(
                     args, serve.Batching)), limits=serve.Limits(**values_from_flags(args, serve.Limits)),
                 api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
-                precision=args.precision)
+                precision=args.precision, max_connections=args.max_connections)
 
 
 def cmd_export(args) -> None:

@@ -6,12 +6,15 @@ API description (``/``, its files, ``/docs``, ``/redoc``, ``/openapi.json``: sta
 needs ``Authorization: Bearer KEY`` (401; Label Studio's basic authentication carries the key as the password); past
 ``max_in_flight`` requests in flight (not counting those open ones, which take no body: 413 unread) 503 with
 ``Retry-After``; a body larger than
-``max_body_bytes`` 413 (its bytes are counted as they arrive, chunked bodies too, and reading stops at the limit). The
+``max_body_bytes`` 413 (its bytes are counted as they arrive, chunked bodies too, and reading stops at the limit);
+past ``max_buffered_mb`` of bodies held across requests 503 with ``Retry-After``; a body not sent within
+``body_timeout`` seconds 408. The
 refusals that read the body are :class:`zhie.deploy.service.Service`'s.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
@@ -66,30 +69,57 @@ class Gate:
             self.service.in_flight -= 1
 
     async def _read(self, scope, receive, send) -> None:
-        limit = self.service.limits.body_bytes
+        limits, service = self.service.limits, self.service
+        limit, budget = limits.body_bytes, 1_000_000 * limits.max_buffered_mb
         length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
         if not length.isdigit() or int(length) > limit:
             await _refuse(scope, receive, send, 413, f"request body of {length} bytes is over the limit of {limit} "
                                                      "bytes")
             return
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > limit:
-                await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
-                                                         f"stopped at {size} bytes)")
-                return
-        body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        held = int(length)  # reserved as declared; a chunked body's bytes as they arrive
+        if service.buffered + held > budget:
+            await _busy(scope, receive, send, budget)
+            return
+        service.buffered += held
+        try:
+            chunks, size, more = [], 0, True
+            deadline = asyncio.get_running_loop().time() + limits.body_timeout
+            while more:
+                try:
+                    message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
+                except TimeoutError:
+                    await _refuse(scope, receive, send, 408, f"the request body did not arrive within "
+                                                             f"{limits.body_timeout:g} s")
+                    return
+                if message["type"] != "http.request":  # the client went away
+                    return
+                chunks.append(message.get("body", b""))
+                size += len(chunks[-1])
+                more = message.get("more_body", False)
+                if size > limit:
+                    await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
+                                                             f"stopped at {size} bytes)")
+                    return
+                if size > held:  # past what was declared (chunked): held as it arrives, within the budget
+                    if service.buffered + size - held > budget:
+                        await _busy(scope, receive, send, budget)
+                        return
+                    service.buffered += size - held
+                    held = size
+            body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        async def replay():
-            return body.pop() if body else await receive()
+            async def replay():
+                return body.pop() if body else await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            service.buffered -= held
+
+
+async def _busy(scope, receive, send, budget: int) -> None:
+    await _refuse(scope, receive, send, 503, f"the server holds the most request bytes it takes ({budget} across "
+                                             f"requests, --max-buffered-mb); retry in {RETRY_AFTER_S} s",
+                  {"Retry-After": str(RETRY_AFTER_S)})
 
 
 def given_key(authorization: bytes) -> bytes:

@@ -36,7 +36,7 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse, Response
 
-from zhie.core.options import option, port_number
+from zhie.core.options import option, port_number, positive_int
 from zhie.data import label_studio
 from zhie.deploy.gate import Gate, read_api_key
 from zhie.deploy.label_studio_backend import LABEL_STUDIO, add_label_studio_routes
@@ -79,7 +79,7 @@ def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None 
             "batching": asdict(batching)}
     app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
                   description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
-    app.state.batchers = service.batchers
+    app.state.batchers, app.state.service = service.batchers, service
     open_paths = {"/health", "/health/ready", f"{LABEL_STUDIO}/health", *PAGE_FILES, app.docs_url, app.redoc_url,
                   app.openapi_url, app.swagger_ui_oauth2_redirect_url}
     app.add_middleware(Gate, service=service, api_key=api_key, open_paths=frozenset(open_paths - {None}))
@@ -102,11 +102,14 @@ class ServeOptions:
     device: str | None = option(None, "cpu, cuda, ... (default: cuda if there is one)")
     precision: str = option("fp32", "the encoder's precision (bf16/fp16 under autocast; decoding stays fp32)",
                             choices=PRECISIONS)
+    max_connections: int = option(512, "connections open at once, idle ones included (uvicorn's limit_concurrency: "
+                                       "503 above)", type=positive_int)
 
 
 def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOptions.port,
           batching: Batching | None = None, limits: Limits | None = None, api_key: str | None = None,
-          device: str | None = ServeOptions.device, precision: str = ServeOptions.precision) -> None:
+          device: str | None = ServeOptions.device, precision: str = ServeOptions.precision,
+          max_connections: int = ServeOptions.max_connections) -> None:
     """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
     until interrupted."""
     import uvicorn
@@ -122,4 +125,4 @@ def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOpt
     app = create_app(pipe, batching=batching, limits=limits, api_key=api_key, model_version=version)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # zhie's records (a 500's traceback) with uvicorn's
     log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
-    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config)
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config, limit_concurrency=max_connections)

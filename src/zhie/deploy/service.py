@@ -47,7 +47,9 @@ logger = logging.getLogger("zhie.deploy.serve")  # the logger `zhie serve` docum
 class Limits:
     """What the service takes in: texts per request (pairs for ``/similarity``), characters per text, bytes per body
     (default: room for ``max_texts`` texts of ``max_text_length`` characters, JSON-escaped), requests in flight
-    (``/health``, the page and the API description not counted)."""
+    (``/health``, the page and the API description not counted), the bytes of bodies held at once across requests
+    (a 2-core, 24 GB machine: 256 MB by default, about 12 bodies at the default limit), and the seconds a client may
+    take to send its body."""
 
     max_texts: int = option(256, "texts per request, pairs for /similarity (413 above)", type=positive_int)
     max_text_length: int = option(10_000, "characters per text (413 above)", type=positive_int)
@@ -55,10 +57,17 @@ class Limits:
                                               "of --max-text-length characters, JSON-escaped)")
     max_in_flight: int = option(256, "requests in flight, /health and the page not counted (503 with Retry-After "
                                      "above)", type=positive_int)
+    max_buffered_mb: int = option(256, "megabytes of request bodies held at once, across all requests (503 with "
+                                       "Retry-After above): bounds the memory that clients can make the server hold",
+                                  type=positive_int)
+    body_timeout: float = option(30.0, "seconds a client may take to send its request body (408 after): slow "
+                                       "clients are cut off")
 
     def __post_init__(self) -> None:
-        if min(self.max_texts, self.max_text_length, self.max_in_flight) < 1:
-            raise ValueError(f"need max_texts, max_text_length and max_in_flight >= 1, got {self}")
+        if min(self.max_texts, self.max_text_length, self.max_in_flight, self.max_buffered_mb) < 1:
+            raise ValueError(f"need max_texts, max_text_length, max_in_flight and max_buffered_mb >= 1, got {self}")
+        if self.body_timeout <= 0:
+            raise ValueError(f"body_timeout must be a positive number of seconds, got {self.body_timeout}")
 
     @property
     def body_bytes(self) -> int:
@@ -154,6 +163,7 @@ class Service:
         self.pipe, self.task, self.batching, self.limits = pipe, pipe.task, batching, limits
         self.model_version = model_version or f"zhie-{pipe.task.name}"
         self.in_flight = 0  # requests let through by the Gate and not answered yet
+        self.buffered = 0  # bytes of request bodies the Gate holds (reserved as declared, or as they arrive)
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhie-model")
         self.batchers = {name: Batcher(fn, executor, batching.max_batch, batching.max_wait_ms, batching.max_queue,
                                        batching.timeout or None)  # 0: no limit
@@ -269,6 +279,7 @@ class Service:
         status = "ok" if ready else "busy" if live else "stuck" if stopped is None else "unavailable"
         return {"status": status, "live": live, "ready": ready, "reason": stopped or stuck or full,
                 "requests_in_flight": self.in_flight, "max_in_flight": self.limits.max_in_flight,
+                "body_bytes_held": self.buffered,
                 "workers": workers}, live, ready
 
 
