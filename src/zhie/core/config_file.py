@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -77,8 +78,6 @@ def dumps(command: str, settings: dict[str, Any], tables: dict[str, dict[str, An
     body = {"command": command, **plain(settings), **{name: plain(t) for name, t in (tables or {}).items()}}
     if derived:
         body[DERIVED] = plain(derived)
-    import textwrap
-
     text = header + "".join(f"# {line}\n" for line in textwrap.wrap(
         f"unset (their default is none, or derived): {', '.join(unset)}", 116)) if unset else header
     return text + tomli_w.dumps(body)
