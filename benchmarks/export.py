@@ -7,15 +7,16 @@ variants of ``zhie export`` (issue 25 item 3), in one process with the same thre
 
 A variant is ``fp32`` or ``int8`` followed by any of ``-per-channel``, ``-reduce-range`` (7-bit weights),
 ``-keep-embeddings`` (the embedding tables stay fp32), ``-keep-last-layer`` (the encoder's last layer stays fp32:
-``layer.N.`` with N from the model's config) and ``-static`` (static quantisation calibrated on the first
-``--calibration-texts`` training texts), each the flag of ``zhie export`` of the same name: ``int8-static-per-channel``
-is ``zhie export MODEL --out OUT --quantize int8 --calibrate TRAIN --per-channel``.
+``layer.N.`` with N from the model's config), ``-static`` (static quantisation calibrated on the first
+``--calibration-texts`` training texts) and ``-batch-scales`` (dynamic, one activation scale per run instead of one
+per token), each the flag of ``zhie export`` of the same name: ``int8-static-per-channel`` is ``zhie export MODEL --out
+OUT --quantize int8 --calibrate TRAIN --per-channel``.
 
-One row per variant and one for torch go to ``results/export.jsonl``: dataset, variant, dev micro F1 and its
-difference to torch's, sentences/s over ``--repeats`` timed passes of the dev texts (the F1 pass before them is the
-untimed warm-up), the size of ``model.onnx`` in MB (torch: its ``model.safetensors``), the seconds the export took,
-the model, the machine, the date and the load average (1, 5, 15 min) when the row was measured. Each export is removed
-once measured.
+One row per variant and one for torch go to ``results/export.jsonl``: dataset, variant, dev micro F1 and its difference
+to torch's, sentences/s over ``--repeats`` timed passes of the dev texts (the F1 pass before them is the untimed
+warm-up), the dev sentences whose spans (and those whose scores) differ from their own predicted one at a time, the size
+of ``model.onnx`` in MB (torch: its ``model.safetensors``), the seconds the export took, the model, the machine, the
+date and the load average (1, 5, 15 min) when the row was measured. Each export is removed once measured.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from zhie.training import TrainConfig
 DATASETS = ("cluener", "peoples_daily", "cmeee")
 DEFAULT_VARIANTS = ("fp32", "int8", "int8-per-channel", "int8-keep-embeddings", "int8-keep-last-layer", "int8-static",
                     "int8-reduce-range", "int8-per-channel-reduce-range")
-SUFFIXES = ("per-channel", "reduce-range", "keep-embeddings", "keep-last-layer", "keep-heads", "static")
+SUFFIXES = ("per-channel", "reduce-range", "keep-embeddings", "keep-last-layer", "keep-heads", "static", "batch-scales")
 
 
 def variant_options(variant: str, calibration: list[str], layers: int) -> dict:
@@ -64,6 +65,8 @@ def variant_options(variant: str, calibration: list[str], layers: int) -> dict:
             options["per_channel"] = True
         elif suffix == "reduce-range":
             options["reduce_range"] = True
+        elif suffix == "batch-scales":
+            options["batch_scales"] = True
         elif suffix == "static":
             options["calibration"] = calibration
         else:
@@ -86,15 +89,22 @@ def train_tiny(dataset: str, out: Path, sentences: int, epochs: int) -> Path:
 
 
 def measure(pipe, dev: list, batch_size: int, repeats: int) -> dict:
-    """Dev micro F1 (an untimed pass, the warm-up), then sentences/s over ``repeats`` timed passes."""
+    """Dev micro F1 (an untimed pass, the warm-up), then sentences/s over ``repeats`` timed passes, and the dev
+    sentences whose spans (or scores) at ``batch_size`` differ from their own when predicted one at a time."""
     f1 = pipe.evaluate(dev, batch_size=batch_size)["micro"]["f1"]
     texts = [ex.text for ex in dev]
     load = os.getloadavg()
     start = time.perf_counter()
     for _ in range(repeats):
-        pipe.predict(texts, batch_size=batch_size)
+        batched = pipe.predict(texts, batch_size=batch_size)
     speed = repeats * len(texts) / (time.perf_counter() - start)
-    return {"dev_f1": round(f1, 4), "sentences_per_s": round(speed, 1), "load_avg": [round(x, 2) for x in load]}
+    alone = pipe.predict(texts, batch_size=1)
+    spans = [[(s.start, s.end, s.label) for s in p] for p in (*batched, *alone)]
+    scores = [[s.score for s in p] for p in (*batched, *alone)]
+    n = len(texts)
+    return {"dev_f1": round(f1, 4), "sentences_per_s": round(speed, 1), "load_avg": [round(x, 2) for x in load],
+            "spans_changed_by_batching": sum(spans[i] != spans[n + i] for i in range(n)),
+            "scores_changed_by_batching": sum(scores[i] != scores[n + i] for i in range(n))}
 
 
 def main() -> None:

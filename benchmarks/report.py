@@ -489,8 +489,9 @@ def serve_table(key: str = "g/serve/") -> str:
 
 
 def tiny_export_table() -> str:
-    """``benchmarks/export.py`` on the tiny trained model (``results/export.jsonl``)."""
-    rs = rows("export.jsonl")
+    """``benchmarks/export.py`` on the tiny trained model (``results/export.jsonl``'s rows of its first version, which
+    name a ``runtime``; the later rows, one per ``variant``, are quoted in the text)."""
+    rs = [r for r in rows("export.jsonl") if "runtime" in r]
     return table(["runtime", "texts/s", "dev F1"],
                  [[r["runtime"] + (" (dynamic)" if r["runtime"].endswith("int8") else ""), f"{r['texts_per_s']:.1f}",
                    pct(r["dev_f1"]) + (f" ({signed(-100 * r['int8_f1_loss'])})" if r["int8_f1_loss"] else "")]

@@ -48,7 +48,8 @@ INT8_VARIANTS = {"per-channel": {"per_channel": True},
                  "per-channel-reduce-range": {"per_channel": True, "reduce_range": True},
                  "keep-embeddings": {"keep_fp32": ("embeddings",)},
                  "keep-last-layer": {"keep_fp32": ("layer.1.",)},  # the tiny encoder has two layers
-                 "static": {"calibration": TRAIN_TEXTS}}
+                 "static": {"calibration": TRAIN_TEXTS},
+                 "batch-scales": {"batch_scales": True}}
 KINDS = ["ner-gp", "ner-egp", "ner-crf", "ner-softmax", "re", "cws", "similarity", "multitask"]
 
 
@@ -231,6 +232,30 @@ def test_export_errors(tmp_path, capsys):
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.parametrize("kind", ["ner-gp", "ner-egp", "re", "cws"])
+def test_int8_answers_a_text_as_if_it_were_alone(kind, tmp_path):
+    """Each token's activations have their own scale (the default): a text's spans, triples or words and their scores
+    are the same in a batch of other texts, of other lengths, split over runs or not, as alone, to the last bit. With
+    one scale per run (``batch_scales``, onnxruntime's own dynamic quantisation) they are not: another text in the batch
+    moves a score."""
+    texts = [t for t in TEXTS if t.strip()]  # the long one in windows
+
+    def answers(out, threads: int) -> tuple[list, list]:
+        pipe = zhie.load(out, threads=threads)
+        batched, alone = pipe.predict(texts, batch_size=len(texts)), [pipe.predict([t])[0] for t in texts]
+        return [keyed(p) for p in batched], [keyed(p) for p in alone]
+
+    out = export(trained(kind), tmp_path / "token", quantize="int8", per_channel=True, reduce_range=True)
+    for threads in (1, 2):
+        batched, alone = answers(out, threads)
+        assert sum(len(k) for k, _ in alone) >= 2 and batched == alone, (kind, threads)
+    if kind == "ner-gp":
+        old = export(trained(kind), tmp_path / "batch", quantize="int8", per_channel=True, reduce_range=True,
+                     batch_scales=True)
+        batched, alone = answers(old, 1)
+        assert [s for _, s in batched] != [s for _, s in alone]
+
+
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory):
     """``int8_export(variant)``: the ner-gp model exported with that :data:`INT8_VARIANTS` entry (once each)."""
@@ -270,7 +295,8 @@ def test_int8_variants_predict_what_fp32_predicts(variant, int8_export):
         "quantize": "int8", "per_channel": options.get("per_channel", False),
         "reduce_range": options.get("reduce_range", False), "keep_fp32": list(options.get("keep_fp32", ())),
         "calibration_texts": len(TRAIN_TEXTS) if "calibration" in options else None,
-        "int8_activations": "static" if "calibration" in options else "dynamic"}
+        "int8_activations": "static" if "calibration" in options else "dynamic, per batch" if "batch_scales" in options
+        else "dynamic, per token"}
     tolerance = REDUCED_RANGE_TOLERANCE if options.get("reduce_range") else INT8_TOLERANCE
     print(f"{variant}: int8 logit difference {record['int8_max_abs_diff']:.3g} (tolerance {tolerance})")
     assert record["int8_max_abs_diff"] <= tolerance
@@ -287,7 +313,8 @@ def test_int8_variants_predict_what_fp32_predicts(variant, int8_export):
     assert record["fp32_weights"] == kept.get(variant, [])
     ops = [node.op_type for node in graph.node]
     static = "calibration" in options
-    assert ("QuantizeLinear" in ops) == static and ("DynamicQuantizeLinear" in ops) != static
+    # static: QDQ nodes around float products; dynamic: int8 products of activations quantised per run or per token
+    assert ("MatMulInteger" in ops) != static and ("DynamicQuantizeLinear" in ops) == ("batch_scales" in options)
 
     torch_pipe, onnx_pipe = zhie.load(source), zhie.load(out)
     assert isinstance(onnx_pipe.model, OnnxModel)

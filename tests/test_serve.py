@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import select
 import shutil
 import socket
 import threading
@@ -25,7 +26,7 @@ import zhie  # noqa: E402
 from tests.tiny_models import trained  # noqa: E402
 from zhie.cli import main  # noqa: E402
 from zhie.deploy.batcher import Batcher  # noqa: E402
-from zhie.deploy.gate import API_KEY_ENV  # noqa: E402
+from zhie.deploy.gate import API_KEY_ENV, HeaderTimeout, header_timeout  # noqa: E402
 from zhie.deploy.serve import Batching, Limits, create_app  # noqa: E402
 from zhie.deploy.service import length_groups  # noqa: E402
 
@@ -504,12 +505,15 @@ def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
     assert main(["serve", str(trained("ner-gp")), "--precision", "bf16", "--port", "8123"]) == 0
     assert served["port"] == 8123 and served["limit_concurrency"] == 512  # --max-connections' default
+    assert issubclass(served["http"], HeaderTimeout) and served["http"].header_timeout == 10  # h11, pinned
     log = served["log_config"]  # zhie's records (a 500's traceback) go where uvicorn's own errors go: stderr
     assert log["loggers"]["zhie"]["handlers"] == ["default"] and log["handlers"]["default"]["stream"] == "ext://sys.stderr"
     with TestClient(served["app"]) as client:
         info = client.get("/info").json()
         assert client.post("/predict", json={"texts": [NESTED]}).status_code == 200
     assert info["precision"] == "bf16"
+    assert main(["serve", str(trained("ner-gp")), "--header-timeout", "2.5"]) == 0
+    assert served["http"].header_timeout == 2.5
 
 
 def test_cli_serve_reads_the_api_key_from_a_file_or_the_environment(tmp_path, monkeypatch, capsys):
@@ -556,12 +560,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(app):
-    """``app`` served by a real uvicorn on a free loopback port, in a thread; yields the port."""
+def running(app, **config):
+    """``app`` served by a real uvicorn on a free loopback port, in a thread, with the HTTP protocol of ``zhie serve``
+    (``config``: more of uvicorn's settings); yields the port."""
     import uvicorn
 
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    config.setdefault("http", header_timeout(app.state.service.limits.header_timeout))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
@@ -629,6 +635,113 @@ def test_requests_past_max_in_flight_get_503_with_retry_after(ner_pipe):
         assert client.post("/predict", json={"texts": ["好"]}).status_code == 200  # room again
         assert client.get("/health").json()["requests_in_flight"] == 0
     assert pipe.seen == [[NESTED], ["好"]]
+
+
+def _answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body of the next answer on ``s`` (a body of its Content-Length, or up to the close)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        part = s.recv(65536)
+        assert part, f"the connection closed before an answer's head: {data!r}"
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", -1))
+    while (length < 0 or len(body) < length) and (part := s.recv(65536)):
+        body += part
+    return int(lines[0].split()[1]), headers, body
+
+
+def _closed_after(sockets: dict[socket.socket, bytes], every: float = 0.1, limit: float = 10) -> list[float]:
+    """Seconds until the server closed each of ``sockets`` unanswered, while each is sent its bytes one every
+    ``every`` seconds (none: an idle connection)."""
+    start, closed, sent = time.monotonic(), {}, dict.fromkeys(sockets, 0)
+    while len(closed) < len(sockets):
+        assert time.monotonic() - start < limit, f"still open after {limit} s"
+        for s, data in sockets.items():
+            if s not in closed and sent[s] < len(data):
+                try:
+                    sent[s] += s.send(data[sent[s]:sent[s] + 1])
+                except OSError:  # reset: the server closed it
+                    closed[s] = time.monotonic() - start
+        for s in select.select([s for s in sockets if s not in closed], [], [], every)[0]:
+            try:
+                answer = s.recv(65536)
+            except OSError:
+                answer = b""
+            assert answer == b"", f"a head that never ended was answered: {answer!r}"
+            closed[s] = time.monotonic() - start
+    return [closed[s] for s in sockets]
+
+
+SLOW_HEAD = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200  # never ends
+
+
+def test_a_head_not_sent_within_the_header_timeout_is_cut_off(ner_pipe):
+    """A connection that has not sent a whole request head within --header-timeout seconds of being made (an idle one,
+    or one sending its headers a byte at a time), or of its last answer (kept alive), is closed unanswered, and the
+    place it held under --max-connections is free again; a request whose head came in time is not cut off however
+    long its answer takes."""
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, limits=Limits(header_timeout=1))
+    with running(app, limit_concurrency=3) as port:
+        connect = lambda: socket.create_connection(("127.0.0.1", port), timeout=20)  # noqa: E731
+        with connect() as idle, connect() as slow:
+            with connect() as third:  # the two hold their places: a third connection's request is refused
+                third.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                assert _answer(third)[0] == 503
+            for seconds in _closed_after({idle: b"", slow: SLOW_HEAD}):
+                assert 0.9 <= seconds < 3.5, seconds
+        with connect() as kept:  # kept alive after an answer, then a slow head: cut off a timeout after the answer
+            kept.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert _answer(kept)[0] == 200
+            (seconds,) = _closed_after({kept: SLOW_HEAD})
+            assert 0.9 <= seconds < 3.5, seconds
+        with connect() as s:  # the model call takes longer than the header timeout: answered all the same
+            threading.Timer(2, pipe.release.set).start()
+            body = json.dumps({"texts": [NESTED]}).encode()
+            s.sendall(b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            status, _, answer = _answer(s)
+            assert status == 200 and json.loads(answer)[0]["text"] == NESTED
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")  # and the connection is kept
+            assert _answer(s)[0] == 200
+    with pytest.raises(ValueError, match="header_timeout must be a positive number of seconds"):
+        Limits(header_timeout=0)
+
+
+def test_over_a_socket_a_held_body_counts_against_the_budget_and_a_slow_one_gets_408(ner_pipe):
+    """Through a real uvicorn: a body that is slow to come is held against --max-buffered-mb as declared (/health says
+    so), a second one past the budget gets 503 with Retry-After at once, and the slow one 408 after --body-timeout;
+    then every byte and every place in flight is given back."""
+    app = create_app(ner_pipe, limits=Limits(max_texts=8, max_text_length=100_000, max_buffered_mb=1, body_timeout=2))
+    post = (b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 600000\r\n\r\n")
+    with running(app) as port:
+        connect = lambda: socket.create_connection(("127.0.0.1", port), timeout=20)  # noqa: E731
+
+        def health() -> dict:
+            with connect() as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                return json.loads(_answer(s)[2])
+
+        with connect() as slow:
+            start = time.monotonic()
+            slow.sendall(post + b'{"texts": [')
+            wait_until(lambda: health()["body_bytes_held"] == 600_000)
+            assert health()["requests_in_flight"] == 1
+            with connect() as second:
+                second.sendall(post + b'{"texts": [')
+                status, headers, body = _answer(second)
+            assert status == 503 and headers["retry-after"] == "1" and b"--max-buffered-mb" in body, body
+            status, _, body = _answer(slow)
+            assert status == 408 and b"did not arrive within 2 s" in body and time.monotonic() - start >= 1.9, body
+        assert (health()["body_bytes_held"], health()["requests_in_flight"]) == (0, 0)
+        with connect() as s:
+            body = json.dumps({"texts": ["好"]}).encode()
+            s.sendall(post.replace(b"600000", b"%d" % len(body)) + body)
+            assert _answer(s)[0] == 200
 
 
 @pytest.mark.browser

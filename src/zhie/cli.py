@@ -457,7 +457,8 @@ def cmd_export(args) -> None:
         _extra(module, "export")
     given = [flag for flag, value in (("--per-channel", args.per_channel), ("--reduce-range", args.reduce_range),
                                       ("--keep-fp32", args.keep_fp32), ("--calibrate", args.calibrate),
-                                      ("--calibrate-lines", args.calibrate_lines is not None)) if value]
+                                      ("--calibrate-lines", args.calibrate_lines is not None),
+                                      ("--batch-scales", args.batch_scales)) if value]
     if given and args.quantize != "int8":
         raise ValueError(f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of int8 "
                          f"quantisation, and this export is fp32: add --quantize int8 (zhie export {args.model} "
@@ -468,10 +469,10 @@ def cmd_export(args) -> None:
         args.calibrate, export.CALIBRATION_TEXTS if args.calibrate_lines is None else args.calibrate_lines)
     out = export.export(args.model, args.out, opset=args.opset, quantize=args.quantize,
                         per_channel=args.per_channel, reduce_range=args.reduce_range, keep_fp32=args.keep_fp32,
-                        calibration=calibration)
+                        calibration=calibration, batch_scales=args.batch_scales)
     record = json.loads((out / export.EXPORT_FILE).read_text(encoding="utf-8"))
-    keys = ("opset", "quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts", "fp32_max_abs_diff",
-            "int8_max_abs_diff")
+    keys = ("opset", "quantize", "per_channel", "reduce_range", "keep_fp32", "calibration_texts", "int8_activations",
+            "fp32_max_abs_diff", "int8_max_abs_diff")
     print(json.dumps({"export": str(out), **{k: record[k] for k in keys if k in record}}, ensure_ascii=False))
 
 

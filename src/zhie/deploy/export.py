@@ -15,8 +15,13 @@ The export directory is a model directory without the encoder's weights: ``confi
 constraints follow from the tags in ``zhie.json``), the task's own files, ``model.onnx`` and ``export.json`` (opset,
 quantisation, outputs, the largest difference to torch's logits measured at export). ``zhie.load(OUT)`` runs it on
 onnxruntime. ``--quantize int8``: onnxruntime's dynamic quantisation (int8 weights of the matrix products and of the
-embedding's Gather, one scale per tensor; activations quantised per batch at run time); its outputs differ from fp32's
-(``int8_max_abs_diff`` in ``export.json``). Its variants (issue 25), each one option of :func:`export`:
+embedding's Gather, one scale per tensor), with each token's activations quantised at run time with a scale of their
+own (:func:`token_scales`), so that a text's answer never depends on the texts batched with it; its outputs differ
+from fp32's (``int8_max_abs_diff`` in ``export.json``). Its variants (issues 25 and 51), each one option of
+:func:`export`:
+
+- ``batch_scales``: one activation scale per run, for the whole batch, as onnxruntime makes it (faster: no graph
+  rewrite; but a text's entities can change with the texts batched with it, in ``zhie serve`` another client's);
 
 - ``per_channel``: one scale per output channel of each weight instead of one per tensor;
 - ``reduce_range``: 7-bit weights. onnxruntime multiplies uint8 activations by int8 weights; on an x86 CPU without
@@ -171,7 +176,8 @@ def excluded_nodes(graph, keep_fp32: Sequence[str]) -> tuple[list[str], list[str
 
 
 def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, reduce_range: bool = False,
-                  keep_fp32: Sequence[str] = (), calibration: Sequence[str] | None = None) -> dict:
+                  keep_fp32: Sequence[str] = (), calibration: Sequence[str] | None = None,
+                  batch_scales: bool = False) -> dict:
     """Quantise the graph ``fp32`` to ``out`` (see the module's doc); returns what ``export.json`` records of it."""
     import onnx
     from onnxruntime.quantization import (
@@ -187,6 +193,10 @@ def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, red
         # the weight operators only: the quantiser's own Attention handler is for Microsoft's operator, not ONNX's
         quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=per_channel,
                          reduce_range=reduce_range, nodes_to_exclude=exclude, op_types_to_quantize=list(WEIGHT_OPS))
+        if not batch_scales:
+            graph = onnx.load(str(out))
+            token_scales(graph)
+            onnx.save(graph, str(out))
     else:
         class Reader(CalibrationDataReader):
             def __init__(self) -> None:
@@ -199,7 +209,77 @@ def quantize_int8(fp32: Path, out: Path, task, *, per_channel: bool = False, red
                         op_types_to_quantize=list(WEIGHT_OPS), per_channel=per_channel, reduce_range=reduce_range,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
                         extra_options={"MatMulConstBOnly": True})
-    return {"fp32_weights": kept, "int8_activations": "dynamic" if calibration is None else "static"}
+    kind = "static" if calibration is not None else "dynamic, per batch" if batch_scales else "dynamic, per token"
+    return {"fp32_weights": kept, "int8_activations": kind}
+
+
+TOKEN_SCALE_PREFIX = "zhie_token_"  # the names of the constants and nodes that :func:`token_scales` adds
+
+
+def token_scales(model) -> None:
+    """Rewrite, in place, an ``onnx.ModelProto`` made by onnxruntime's dynamic quantisation (opset 21 or later) so that
+    each token's
+    activations have their own scale: every ``DynamicQuantizeLinear`` (one uint8 scale and zero point for its whole
+    input, the batch's every token) becomes ``s = max|x| / 127`` over the last axis (the products' inner dimension:
+    ``ReduceMax`` and ``ReduceMin``) and one blocked ``QuantizeLinear`` (opset 21; the block is the whole token) to
+    uint8 with the zero point 128, feeding the same ``MatMulInteger`` nodes. A text's logits then depend on its own
+    tokens only, never on the texts batched with it or on the padding, and the matrix products stay int8.
+
+    The float rescaling after each product (``Mul(cast, Mul(x_scale, w_scale))``) becomes ``Mul(Mul(cast, w_scale),
+    x_scale)``: onnxruntime fuses the first form into ``MatMulIntegerToFloat``, whose activation scale is one per
+    tensor, and gives wrong logits for a scale per token.
+
+    Raises ``ValueError`` for a graph whose quantised activations or scales are read otherwise.
+    """
+    from onnx import helper, numpy_helper
+
+    graph, c = model.graph, TOKEN_SCALE_PREFIX
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if opset < 21:
+        raise ValueError(f"--opset {opset}: int8 with a scale per token needs opset 21 or later (blocked "
+                         f"QuantizeLinear); export with the default --opset {DEFAULT_OPSET}, or give --batch-scales")
+    graph.initializer.extend([numpy_helper.from_array(np.array(128, np.uint8), f"{c}zero_point"),
+                              numpy_helper.from_array(np.array([-1], np.int64), f"{c}last_axis"),
+                              numpy_helper.from_array(np.array(1 / 127, np.float32), f"{c}inv127"),
+                              numpy_helper.from_array(np.array(-1 / 127, np.float32), f"{c}minus_inv127"),
+                              numpy_helper.from_array(np.array(1e-30, np.float32), f"{c}tiny")])
+    weights = {i.name: i for i in graph.initializer}
+    quantised = [n for n in graph.node if n.op_type == "DynamicQuantizeLinear"]
+    width = {n.input[0]: weights[n.input[1]].dims[0] for n in graph.node if n.op_type == "MatMulInteger"
+             and n.input[1] in weights}
+    scales = {q.output[1] for q in quantised}
+    products = {n.output[0]: n for n in graph.node if n.op_type == "Mul" and n.input[0] in scales}
+    expected = {name: (op, k) for q in quantised  # how each name may be read: (operator, input position)
+                for name, op, k in zip(q.output, ("MatMulInteger", "Mul", "MatMulInteger"), (0, 0, 2))}
+    expected.update({name: ("Mul", 1) for name in products})
+    if any(q.output[0] not in width for q in quantised) or any(
+            expected[i] != (n.op_type, k) for n in graph.node for k, i in enumerate(n.input) if i in expected):
+        raise ValueError("the quantised graph's activations are not read as onnxruntime's dynamic quantisation writes "
+                         "them (MatMulInteger, then Mul(cast, Mul(x_scale, w_scale))); export with --batch-scales")
+    nodes = []
+    for n in graph.node:
+        if n.op_type == "DynamicQuantizeLinear":
+            (x,), (q, s, z), p = n.input, n.output, f"{c}{n.output[0]}"
+            nodes += [helper.make_node("ReduceMax", [x, f"{c}last_axis"], [f"{p}_max"], keepdims=1),
+                      helper.make_node("ReduceMin", [x, f"{c}last_axis"], [f"{p}_min"], keepdims=1),
+                      helper.make_node("Mul", [f"{p}_max", f"{c}inv127"], [f"{p}_high"]),
+                      helper.make_node("Mul", [f"{p}_min", f"{c}minus_inv127"], [f"{p}_low"]),
+                      helper.make_node("Max", [f"{p}_high", f"{p}_low", f"{c}tiny"], [s]),  # tiny: a token of zeros
+                      helper.make_node("Shape", [s], [f"{p}_shape"]),
+                      helper.make_node("Expand", [f"{c}zero_point", f"{p}_shape"], [f"{p}_zero_points"]),
+                      helper.make_node("QuantizeLinear", [x, s, f"{p}_zero_points"], [q], axis=-1,
+                                       block_size=width[q]),
+                      helper.make_node("Identity", [f"{c}zero_point"], [z])]
+        elif n.op_type == "Mul" and n.output[0] in products:
+            continue  # the scales' product: replaced by the two products below
+        elif n.op_type == "Mul" and n.input[1] in products:
+            x_scale, w_scale = products[n.input[1]].input
+            nodes += [helper.make_node("Mul", [n.input[0], w_scale], [f"{c}{n.output[0]}"]),
+                      helper.make_node("Mul", [f"{c}{n.output[0]}", x_scale], [n.output[0]])]
+        else:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
 
 
 def largest_difference(expected: list[Tensor], got: list[np.ndarray]) -> float:
@@ -223,8 +303,8 @@ class ExportOptions:
                              required=True)
     opset: int = option(DEFAULT_OPSET, "ONNX opset (23: the first with ONNX's own Attention operator; onnxruntime "
                                        ">= 1.23)")
-    quantize: str | None = option(None, "int8 quantisation (dynamic: int8 weights, activations quantised per batch at "
-                                        "run time)", choices=("int8",))
+    quantize: str | None = option(None, "int8 quantisation (dynamic: int8 weights, each token's activations quantised "
+                                        "with a scale of its own at run time)", choices=("int8",))
     per_channel: bool = option(False, "int8: one scale per output channel of each weight")
     reduce_range: bool = option(False, "int8: 7-bit weights, which the int8 kernels of x86 CPUs without VNNI (AVX2) "
                                        "cannot saturate; more accurate there (see export.json's int8_max_abs_diff)")
@@ -237,6 +317,9 @@ class ExportOptions:
     calibrate: str | None = option(None, "int8: static quantisation (uint8 activations too), their ranges measured on "
                                          "the texts of FILE: one text per line, or JSON lines with a field 'text' "
                                          "(e.g. the training file)", metavar="FILE")
+    batch_scales: bool = option(False, "int8: one activation scale per run for the whole batch, as onnxruntime's "
+                                       "dynamic quantisation makes it, instead of one per token; a text's answer then "
+                                       "depends on the texts batched with it")
     calibrate_lines: int | None = option(None, "read the first N texts of --calibrate FILE (default 200)",
                                          metavar="N")
 
@@ -265,11 +348,11 @@ def calibration_texts(path: str, n: int) -> list[str]:
 def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int = ExportOptions.opset,
            quantize: str | None = ExportOptions.quantize, per_channel: bool = ExportOptions.per_channel,
            reduce_range: bool = ExportOptions.reduce_range, keep_fp32: Sequence[str] | None = ExportOptions.keep_fp32,
-           calibration: Sequence[str] | None = None) -> Path:
+           calibration: Sequence[str] | None = None, batch_scales: bool = ExportOptions.batch_scales) -> Path:
     """Write the export directory ``out`` for the model in ``model_dir`` (atomically); returns ``out``.
 
     ``quantize="int8"`` quantises the graph; ``per_channel``, ``reduce_range``, ``keep_fp32`` (substrings of weight
-    names) and ``calibration`` (texts: static quantisation) are its options (the module's doc).
+    names), ``calibration`` (texts: static quantisation) and ``batch_scales`` are its options (the module's doc).
 
     Raises ``ValueError`` for an unknown ``quantize``, an int8 option without ``quantize="int8"``, no calibration
     texts, a ``keep_fp32`` pattern that matches no weight, or an fp32 graph whose logits differ from torch's by more
@@ -286,12 +369,16 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
     keep_fp32 = (keep_fp32,) if isinstance(keep_fp32, str) else tuple(keep_fp32 or ())
     calibration = None if calibration is None else list(calibration)
     given = [name for name, value in (("per_channel", per_channel), ("reduce_range", reduce_range),
-                                      ("keep_fp32", keep_fp32), ("calibration", calibration is not None)) if value]
+                                      ("keep_fp32", keep_fp32), ("calibration", calibration is not None),
+                                      ("batch_scales", batch_scales)) if value]
     if given and quantize != "int8":
         raise ValueError(f"{', '.join(given)} {'is an option' if len(given) == 1 else 'are options'} of int8 "
                          f"quantisation; give quantize='int8' (zhie export --quantize int8) as well")
     if calibration is not None and not any(t.strip() for t in calibration):
         raise ValueError("static quantisation needs calibration texts, and none were given")
+    if batch_scales and calibration is not None:
+        raise ValueError("batch_scales is an option of dynamic quantisation; static quantisation (calibration) has "
+                         "fixed activation scales: give one of the two")
     if any(not p for p in keep_fp32):
         raise ValueError("an empty keep_fp32 pattern would match every weight; leave out quantize='int8' instead")
     if not 1 <= opset <= onnx.defs.onnx_opset_version():
@@ -342,7 +429,7 @@ def export(model_dir: str | os.PathLike, out: str | os.PathLike, *, opset: int =
             fp32 = tmp / "fp32.onnx"
             graph.rename(fp32)
             record.update(quantize_int8(fp32, graph, task, per_channel=per_channel, reduce_range=reduce_range,
-                                        keep_fp32=keep_fp32, calibration=calibration))
+                                        keep_fp32=keep_fp32, calibration=calibration, batch_scales=batch_scales))
             fp32.unlink()
             session = runtime.session(graph)
             record["int8_max_abs_diff"] = largest_difference(expected, session.run(

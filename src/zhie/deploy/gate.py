@@ -10,6 +10,11 @@ needs ``Authorization: Bearer KEY`` (401; Label Studio's basic authentication ca
 past ``max_buffered_mb`` of bodies held across requests 503 with ``Retry-After``; a body not sent within
 ``body_timeout`` seconds 408. The
 refusals that read the body are :class:`zhie.deploy.service.Service`'s.
+
+Before all of these, the connection: a client that has not sent a request's whole line and headers within
+``header_timeout`` seconds of connecting (or of its last answer, on a kept-alive connection) is cut off, the
+connection closed without an answer (:class:`HeaderTimeout`, uvicorn's HTTP/1.1 protocol with that deadline; uvicorn
+bounds a head's size, 16 kB, but not the time it takes).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ import secrets
 from pathlib import Path
 
 from fastapi.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from zhie.deploy.batcher import RETRY_AFTER_S
-from zhie.deploy.service import Service
+from zhie.deploy.service import Limits, Service
 
 API_KEY_ENV = "ZHIE_API_KEY"
 
@@ -82,7 +88,9 @@ class Gate:
             return
         service.buffered += held
         try:
-            chunks, size, more = [], 0, True
+            # One buffer of the declared length, its pages touched as the bytes come (a chunked body's grows): not a
+            # list of the parts to join, which holds the body twice and leaves the allocator's heap full of holes
+            buf, size, more = bytearray(held), 0, True
             deadline = asyncio.get_running_loop().time() + limits.body_timeout
             while more:
                 try:
@@ -93,8 +101,8 @@ class Gate:
                     return
                 if message["type"] != "http.request":  # the client went away
                     return
-                chunks.append(message.get("body", b""))
-                size += len(chunks[-1])
+                chunk = message.get("body", b"")
+                size += len(chunk)
                 more = message.get("more_body", False)
                 if size > limit:
                     await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
@@ -106,7 +114,9 @@ class Gate:
                         return
                     service.buffered += size - held
                     held = size
-            body = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+                buf[size - len(chunk):size] = chunk
+            body = [{"type": "http.request", "body": bytes(memoryview(buf)[:size]), "more_body": False}]
+            del buf  # one copy of the body for the rest of the request
 
             async def replay():
                 return body.pop() if body else await receive()
@@ -114,6 +124,64 @@ class Gate:
             await self.app(scope, replay, send)
         finally:
             service.buffered -= held
+
+
+class HeaderTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol (h11) with a deadline for each request's head: a connection that has not sent a
+    whole request line and headers within ``header_timeout`` seconds of being made, or of its last answer (a kept-alive
+    connection), is closed unanswered. uvicorn has no such deadline: its keep-alive timeout starts after an answer and
+    stops at the next byte, so a client that sends its headers a byte at a time (slowloris) would hold its connection,
+    and a place under ``--max-connections``, for as long as it likes. Once a request's head has come, the deadline is
+    the app's (the body's ``body_timeout``, the answer's ``timeout``). :func:`header_timeout` makes the class for a
+    number of seconds (uvicorn creates the protocol itself, from its ``http=`` class)."""
+
+    header_timeout: float = Limits.header_timeout
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_head()
+
+    def on_response_complete(self) -> None:
+        self._await_head()  # first: an answer may start the next, pipelined, request, which stops the clock
+        super().on_response_complete()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:  # a request's head has come: the app's
+            self._stop_clock()  # deadlines take over (the body's, the answer's)
+
+    def handle_websocket_upgrade(self, event) -> None:
+        self._stop_clock()
+        super().handle_websocket_upgrade(event)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_clock()
+        super().connection_lost(exc)
+
+    def _await_head(self) -> None:
+        self._stop_clock()
+        if not self.transport.is_closing():
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _stop_clock(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        self.logger.info("%s:%d - closed: no whole request head within %g s (--header-timeout)",
+                         *(self.client or ("?", 0)), self.header_timeout)
+        self.transport.close()
+
+
+def header_timeout(seconds: float) -> type[HeaderTimeout]:
+    """:class:`HeaderTimeout` closing connections after ``seconds`` without a whole request head: uvicorn's
+    ``http=`` class."""
+    return type("HeaderTimeout", (HeaderTimeout,), {"header_timeout": seconds})
 
 
 async def _busy(scope, receive, send, budget: int) -> None:

@@ -43,8 +43,8 @@ class OnnxModel:
     one run instead, and wait for each other at every one: over the CLUENER texts in batches of 32 on 2 cores, two
     single-threaded runs of half a batch took 0.76x the time of one two-threaded run for the 128-wide convolutional
     student's int8 graph, 0.87x for a 4-layer e5-small cut and 0.89x for the 12-layer one (benchmarks/RESULTS.md,
-    "Two runs at once"). A one-row call runs in one thread. An int8 graph quantises its activations per run, so how a
-    batch is split can move its logits slightly (as the batch size does).
+    "Two runs at once"). A one-row call runs in one thread. How a batch is split leaves the outputs as they are, an int8
+    graph's too, unless it was exported with one activation scale per run (``zhie export --batch-scales``).
     """
 
     runtime = "onnxruntime"

@@ -2,8 +2,9 @@
 
 The start-up: :func:`serve` loads the model and runs the app of :func:`create_app` with uvicorn. The app is the service
 (:mod:`zhie.deploy.service`: its limits, request batching and answers; the batching itself is
-:mod:`zhie.deploy.batcher`) behind its gate (:mod:`zhie.deploy.gate`: the API key, the requests in flight, the body's
-size), Label Studio's ML backend (:mod:`zhie.deploy.label_studio_backend`) and the page.
+:mod:`zhie.deploy.batcher`) behind its gate (:mod:`zhie.deploy.gate`: the deadline for a request's head, the API key,
+the requests in flight, the body's size), Label Studio's ML backend (:mod:`zhie.deploy.label_studio_backend`) and the
+page.
 
 Endpoints (:func:`create_app`):
 
@@ -38,7 +39,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from zhie.core.options import option, port_number, positive_int
 from zhie.data import label_studio
-from zhie.deploy.gate import Gate, read_api_key
+from zhie.deploy.gate import Gate, header_timeout, read_api_key
 from zhie.deploy.label_studio_backend import LABEL_STUDIO, add_label_studio_routes
 from zhie.deploy.service import Batching, Limits, Service, add_api_routes, describe
 from zhie.precision import PRECISIONS
@@ -111,7 +112,8 @@ def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOpt
           device: str | None = ServeOptions.device, precision: str = ServeOptions.precision,
           max_connections: int = ServeOptions.max_connections) -> None:
     """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
-    until interrupted."""
+    until interrupted: its HTTP/1.1 protocol is h11's with the deadline for a request's head
+    (:class:`zhie.deploy.gate.HeaderTimeout`), even where httptools is installed."""
     import uvicorn
 
     from zhie.deploy.pipeline import load
@@ -125,4 +127,5 @@ def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOpt
     app = create_app(pipe, batching=batching, limits=limits, api_key=api_key, model_version=version)
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # zhie's records (a 500's traceback) with uvicorn's
     log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
-    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config, limit_concurrency=max_connections)
+    uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config, limit_concurrency=max_connections,
+                http=header_timeout((limits or Limits()).header_timeout))  # h11, whatever else is installed

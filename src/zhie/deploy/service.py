@@ -48,8 +48,10 @@ class Limits:
     """What the service takes in: texts per request (pairs for ``/similarity``), characters per text, bytes per body
     (default: room for ``max_texts`` texts of ``max_text_length`` characters, JSON-escaped), requests in flight
     (``/health``, the page and the API description not counted), the bytes of bodies held at once across requests
-    (a 2-core, 24 GB machine: 256 MB by default, about 12 bodies at the default limit), and the seconds a client may
-    take to send its body."""
+    (64 MB by default, three bodies at the default limit, far more text than the model runs within ``timeout``: the
+    server's memory grows by about 2.5 times that, with their copies while parsed, ``benchmarks/hostile_load.py``),
+    the seconds a client may take to send its body, and those it may take to send a request's line and headers
+    (uvicorn has no such limit: :class:`zhie.deploy.gate.HeaderTimeout` closes the connection)."""
 
     max_texts: int = option(256, "texts per request, pairs for /similarity (413 above)", type=positive_int)
     max_text_length: int = option(10_000, "characters per text (413 above)", type=positive_int)
@@ -57,17 +59,22 @@ class Limits:
                                               "of --max-text-length characters, JSON-escaped)")
     max_in_flight: int = option(256, "requests in flight, /health and the page not counted (503 with Retry-After "
                                      "above)", type=positive_int)
-    max_buffered_mb: int = option(256, "megabytes of request bodies held at once, across all requests (503 with "
-                                       "Retry-After above): bounds the memory that clients can make the server hold",
-                                  type=positive_int)
+    max_buffered_mb: int = option(64, "megabytes of request bodies held at once, across all requests (503 with "
+                                      "Retry-After above): bounds the memory that clients can make the server hold "
+                                      "(about 2.5 times this, with the bodies' copies while parsed)",
+                                 type=positive_int)
     body_timeout: float = option(30.0, "seconds a client may take to send its request body (408 after): slow "
                                        "clients are cut off")
+    header_timeout: float = option(10.0, "seconds a client may take to send a request's line and headers, from when "
+                                         "it connects or had its last answer (the connection is closed after): "
+                                         "clients that send their headers a byte at a time are cut off")
 
     def __post_init__(self) -> None:
         if min(self.max_texts, self.max_text_length, self.max_in_flight, self.max_buffered_mb) < 1:
             raise ValueError(f"need max_texts, max_text_length, max_in_flight and max_buffered_mb >= 1, got {self}")
-        if self.body_timeout <= 0:
-            raise ValueError(f"body_timeout must be a positive number of seconds, got {self.body_timeout}")
+        for name in ("body_timeout", "header_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
 
     @property
     def body_bytes(self) -> int:

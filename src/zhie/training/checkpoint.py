@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zhie.core.files import atomic_write, atomic_write_text, recover_dir, replace_dir
+from zhie.core.files import atomic_write, atomic_write_text, recover_dir, remove_leftovers, replace_dir
 
 from .config import TrainConfig
 
@@ -100,7 +100,11 @@ def claim(out_dir: Path) -> Iterator[None]:
     same directory is refused at once instead of interleaving its checkpoints with the first's. The lock file lives
     beside the directory (``.NAME.lock``), since a job may replace the directory itself; the system releases the lock
     if the process dies. The file stays when the lock is released: a job that opened it just before would otherwise
-    lock the removed file while a third job locks a new one at the same path, and both would hold the directory."""
+    lock the removed file while a third job locks a new one at the same path, and both would hold the directory.
+
+    Holding the lock, it removes the temporary files and directories that a killed job's atomic writes left in the
+    directory, and beside it for the directory itself (:func:`zhie.core.files.remove_leftovers`): nobody else writes
+    there now."""
     from filelock import FileLock, Timeout
 
     out_dir = Path(out_dir)
@@ -112,6 +116,8 @@ def claim(out_dir: Path) -> Iterator[None]:
         raise ValueError(f"{out_dir} is in use: another training process holds its lock ({lock.lock_file}); wait "
                          "for it to end, or give this run another --out") from None
     try:
+        remove_leftovers(out_dir.parent, out_dir.name)
+        remove_leftovers(out_dir)
         yield
     finally:
         lock.release()

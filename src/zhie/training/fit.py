@@ -101,6 +101,6 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
                    progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None,
                    step_log=objective.step_log if isinstance(objective, TaskLoss) else None,
                    hparams={"encoder": str(encoder), **data, **settings}, identity=identity)
-    if is_main_process() and result["session_steps"]:  # a finished run's model and card stay as they were
+    if is_main_process():  # a finished run's model and card stay as they were (finish() sees it)
         finish(out / "best", result, t.describe())
     return result

@@ -37,6 +37,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import Tensor, nn
 
+from zhie.core.files import NoRoom
 from zhie.dist import world_size
 
 from .batching import ItemBatches
@@ -133,12 +134,21 @@ def run(model: nn.Module, job: Job, config: TrainConfig, *, resume: bool = True,
     try:
         session.start_trackers()
         session.loop(progress, stop_after, time_limit_s)
+    except NoRoom as err:  # a full disk: say where the same command will resume
+        raise NoRoom(err.errno, f"{err.strerror}: it resumes the run {_resumes_at(session, path)}",
+                     err.filename) from err
     finally:
         session.close()
     p = session.p
     return {"best": p.best_metrics, "best_step": p.best_step, "steps": p.step, "session_steps": p.step - first_step,
             "history": [r for r in p.history if r["kind"] == "eval"],
             "step_records": [r for r in p.history if r["kind"] == "step"], "finished": p.finished}
+
+
+def _resumes_at(session: Session, path: Path) -> str:
+    """Where the same command resumes a run whose session stopped now: at the step of the last checkpoint."""
+    step = session.saved_step
+    return f"at step {step}, from {path}" if step is not None else "from its start (no checkpoint was written yet)"
 
 
 def _encoder_width(model: nn.Module) -> int:

@@ -128,11 +128,15 @@ def saver(task, record: dict, evaluator=None) -> Callable:
 def finish(best: Path, result: dict, about: dict) -> None:
     """Add to ``best/training.json`` the step, epoch and training time of the evaluation that saved the model and the
     run's steps and time (``result``: :func:`zhie.training.train`'s), and write its card again; nothing when the run
-    saved no model with a record."""
+    saved no model with a record, or when it trained nothing now (it had finished) and its record says so already
+    (``run``). A run killed after its last checkpoint but before this is finished by the next: the record, with
+    ``run``, is written after the card."""
     path = best / card.RECORD_FILE
     if not path.exists():
         return
     record = json.loads(path.read_text(encoding="utf-8"))
+    if not result.get("session_steps") and "run" in record:  # a finished run's model and card stay as they were
+        return
     history = result.get("history") or []
     chosen = next((h for h in history if h["step"] == result.get("best_step")), None)
     if chosen is not None:
@@ -140,5 +144,5 @@ def finish(best: Path, result: dict, about: dict) -> None:
     if history:
         record["run"] = {"steps": result.get("steps"), "elapsed_s": history[-1]["elapsed_s"], "finished": now()}
     meta = json.loads((best / META_FILE).read_text(encoding="utf-8"))
-    atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=2))
     atomic_write_text(best / card.CARD_FILE, card.render(meta, record, about))
+    atomic_write_text(path, json.dumps(record, ensure_ascii=False, indent=2))

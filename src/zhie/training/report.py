@@ -6,6 +6,8 @@ import json
 import numbers
 from pathlib import Path
 
+from zhie.core.files import append_whole
+
 from .checkpoint import atomic_write, atomic_write_text
 
 __all__ = ["append_jsonl", "jsonable", "plot_history", "read_metrics", "smooth", "write_jsonl"]
@@ -27,8 +29,8 @@ def jsonable(value: object) -> object:
 
 
 def append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    """``record`` as one more line of ``path``, whole or not at all (:func:`zhie.core.files.append_whole`)."""
+    append_whole(Path(path), (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:

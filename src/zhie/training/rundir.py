@@ -19,7 +19,7 @@ from torch import nn
 from zhie.core.config_file import RUN_CONFIG
 from zhie.encoders.mlm import MaskedLM, save_head
 
-from .checkpoint import atomic_torch_save, atomic_write_text, recover_dir, replace_dir
+from .checkpoint import atomic_torch_save, atomic_write_text, recover_dir, remove_leftovers, replace_dir
 from .report import append_jsonl, plot_history, write_jsonl
 
 __all__ = ["BEST", "CHECKPOINT", "METRICS", "PLOT", "PRETRAIN_PLOT", "SUMMARY", "RunDir", "Snapshot"]
@@ -49,6 +49,7 @@ class RunDir:
     def start(self, resumed: bool, step: int, history: list[dict]) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         recover_dir(self.out_dir / BEST)
+        remove_leftovers(self.out_dir / BEST)  # what a killed finish() left (zhie.training.record)
         if resumed:  # drop evaluations logged after the checkpoint: they are about to be redone
             write_jsonl(self.out_dir / METRICS, history)
         else:  # a run that starts over leaves nothing of an earlier one where its own will be: no old model in best/

@@ -85,6 +85,7 @@ class Session:
         self.adv_weight = embedding_weight(model) if config.adversarial is not None else None
         self.meta = {"format": CHECKPOINT_FORMAT, "config": asdict(config),
                      "num_processes": self.accelerator.num_processes, **job.meta}
+        self.saved_step = progress.step if progress.step else None  # the last checkpoint's (None: none yet)
         self.window = Window(self.accelerator.device)       # since the last evaluation
         self.step_window = Window(self.accelerator.device)  # since the last step record
         self.session_start = time.perf_counter()
@@ -312,6 +313,7 @@ class Session:
             "ranks": ranks,
             "progress": asdict(self.p) | {"elapsed_s": self.elapsed()},
         }, self.p.history)
+        self.saved_step = self.p.step
 
 
 def _param_groups(objective: Objective, param_groups: list[dict] | None, config: TrainConfig) -> list[dict]:

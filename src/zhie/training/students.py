@@ -329,7 +329,7 @@ def distill_student(teachers: list[str | os.PathLike], train_path: str | os.Path
                    config=config, out_dir=out, evaluate=evaluator, metric=student_task.metric,
                    save_best=saver(student_task, record, evaluator), lengths=lengths, resume=resume,
                    progress=progress, identity={**identity, **{f"student.{k}": v for k, v in recipe.items()}})
-    if is_main_process() and result["session_steps"]:  # a finished run's model and card stay as they were
+    if is_main_process():  # a finished run's model and card stay as they were (finish() sees it)
         finish(out / "best", result, student_task.describe())
     return result
 

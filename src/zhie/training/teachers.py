@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from zhie.core.files import atomic_write
+from zhie.core.files import atomic_write, remove_leftovers
 from zhie.dist import is_main_process
 from zhie.model import Ensemble, Model
 from zhie.tasks.batching import sorted_batches
@@ -144,6 +144,8 @@ def teacher_lessons(teacher: Pipeline, items: Callable[[], list], out: Path, ide
     ``name``) and, with ``hidden``, the teacher's last hidden states (:func:`teacher_hidden`). Each addition is stored
     in ``out/TARGETS`` at once, so that a run that stops there does not compute it again."""
     types = type(teacher.task).item_types
+    if is_main_process():
+        remove_leftovers(out / TARGETS.parent)  # a killed save's (the job holds the run directory's lock)
     stored = stored_lessons(out, identity, resume, types)
     if stored is None and targets_from is not None:
         stored = reused_lessons(Path(targets_from), identity, types)
