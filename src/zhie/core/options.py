@@ -156,11 +156,10 @@ class Parser(argparse.ArgumentParser):
             values = value if isinstance(value, list) else [value]
             if isinstance(value, list) and action.nargs not in ("+", "*") and action.nargs != 0:
                 raise ValueError(f"{path}: {key} = {value!r}: one value, not a list")
-            if action.type is not None:
-                try:
-                    values = [action.type(v) if isinstance(v, str) else v for v in values]
-                except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
-                    raise ValueError(f"{path}: {key} = {value!r}: {err}") from None
+            try:
+                values = [_setting(action, v) for v in values]
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+                raise ValueError(f"{path}: {key} = {value!r}: {err}") from None
             bad = [v for v in values if action.choices is not None and v not in action.choices]
             if bad:
                 raise ValueError(f"{path}: {key} = {bad[0]!r}: choose one of {', '.join(map(str, action.choices))}")
@@ -170,6 +169,24 @@ class Parser(argparse.ArgumentParser):
     def settings(self, args: argparse.Namespace) -> dict[str, Any]:
         """The job's settings in ``args``, by ``dest`` (what ``--print-config`` prints and a run keeps)."""
         return {dest: getattr(args, dest) for dest in self.settings_actions() if hasattr(args, dest)}
+
+
+def _setting(action: argparse.Action, value: Any) -> Any:
+    """A configuration file's ``value`` for the flag ``action``, checked as the flag's would be: a string through the
+    flag's type, true or false for a switch, a number for a flag of numbers (kept as it is once the flag's type takes
+    it: ``1.5`` is no integer, ``-1`` no positive one); anything else (a number for a flag of text, a table) raises
+    ``TypeError``."""
+    if action.nargs == 0:
+        if not isinstance(value, bool):
+            raise TypeError(f"expected true or false, got {type(value).__name__}")
+        return value
+    if isinstance(value, str):
+        return value if action.type is None else action.type(value)
+    text = action.type in (None, str)
+    if text or isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"expected {'a string' if text else 'a number'}, got {type(value).__name__}")
+    action.type(str(value))
+    return value
 
 
 def add_config_flags(parser: Parser, job: str, tables: dict[str, list[str]] | None = None) -> Parser:

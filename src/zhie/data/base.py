@@ -1,4 +1,13 @@
-"""What every data reader shares: :class:`DataError` and line-by-line input with line numbers."""
+"""What every data reader shares: :class:`DataError`, line-by-line input with line numbers, and :func:`shown` for the
+values an error quotes.
+
+Every reader either reads a file or raises :class:`DataError` (``file:line: reason``; a JSON list's record: the line
+where it starts): invalid UTF-8, malformed or too deeply nested JSON, a number too long to read, a field of the wrong
+type, an offset outside the text are each such an error, never a ``KeyError``, ``TypeError`` or
+``UnicodeDecodeError``. A byte-order mark at the start of a file is dropped and a line's CRLF end is read as LF; lines
+end at LF alone (a CR, U+2028 or U+0085 inside a line is part of it). A line is read whole, however long (its memory
+is a few times its size), and an error quotes a value of it cut short (:func:`shown`), never the whole line.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,7 @@ import itertools
 import json
 import os
 import re
+import reprlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -25,14 +35,37 @@ class DataError(ValueError):
         return f"{self.path}:{self.line}: {self.reason}"
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 80
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut to about 80 characters (a long string in its middle, a long list
+    after a few items): a bad value may be a whole line of a hundred megabytes."""
+    return _SHORT.repr(value)
+
+
+def json_problem(err: ValueError | RecursionError) -> str:
+    """The reason why :mod:`json` could not read a text: its own message, or what its other errors mean."""
+    if isinstance(err, json.JSONDecodeError):
+        return f"malformed JSON: {err.msg} (column {err.colno})"
+    if isinstance(err, RecursionError):
+        return "malformed JSON: nested too deeply"
+    return "malformed JSON: a number too long to read (over 4300 digits)"  # int()'s limit on a string's digits
+
+
 def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
     """Yield (1-based line number, line without its newline), decoding UTF-8 line by line.
 
     A byte-order mark at the start is dropped; undecodable bytes raise :class:`DataError`.
     """
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            yield lineno, decode_line(path, lineno, raw)
+        lineno = 0
+        for raw in f:  # not enumerate(f), whose tuple would hold each line's bytes while its text is read
+            lineno += 1
+            line = decode_line(path, lineno, raw)
+            del raw
+            yield lineno, line
 
 
 def decode_line(path: PathLike, lineno: int, raw: bytes) -> str:
@@ -50,8 +83,8 @@ def json_line(path: PathLike, lineno: int, line: str) -> dict:
     """Parse one JSON-lines record, which must be an object."""
     try:
         record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise DataError(path, lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
+        raise DataError(path, lineno, json_problem(e)) from None
     if not isinstance(record, dict):
         raise DataError(path, lineno, f"expected a JSON object, got {type(record).__name__}")
     return record
@@ -65,6 +98,7 @@ def iter_json_list(path: PathLike) -> Iterator[tuple[int, object]]:
         s = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         raise DataError(path, raw.count(b"\n", 0, e.start) + 1, f"not valid UTF-8 ({e.reason})") from None
+    del raw  # the text alone is held while the records are decoded
     decoder, ws = json.JSONDecoder(), re.compile(r"\s*")
 
     def line_at(pos: int) -> int:
@@ -85,8 +119,8 @@ def iter_json_list(path: PathLike) -> Iterator[tuple[int, object]]:
             counted = pos
             try:
                 record, pos = decoder.raw_decode(s, pos)
-            except json.JSONDecodeError as e:
-                raise DataError(path, e.lineno, f"malformed JSON: {e.msg} (column {e.colno})") from None
+            except (ValueError, RecursionError) as e:
+                raise DataError(path, getattr(e, "lineno", lineno), json_problem(e)) from None
             yield lineno, record
             pos = ws.match(s, pos).end()
             if s.startswith(",", pos):

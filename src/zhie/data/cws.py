@@ -17,11 +17,11 @@ from zhie.data.example import NerExample
 
 
 def words_to_example(words: list[str]) -> NerExample:
-    text, spans = "", []
+    spans, start = [], 0
     for word in words:
-        spans.append(Span(len(text), len(text) + len(word), "", word))
-        text += word
-    return NerExample(text, spans)
+        spans.append(Span(start, start + len(word), "", word))
+        start += len(word)
+    return NerExample("".join(words), spans)
 
 
 def read_segmented(path: PathLike) -> list[NerExample]:

@@ -4,12 +4,13 @@
 - relations: ``{"text", "entities": [{"id", "start_offset", "end_offset", "label"}], "relations": [{"from_id",
   "to_id", "type"}]}`` (a project with relation labelling; ``from_id`` is the subject, ``to_id`` the object).
 
-doccano's ends are exclusive, as zhie's. Other fields (``id``, ``Comments``, ``meta``, ...) are ignored. Either shape
-reads as NER (:func:`read_doccano`: the entities, the relations left aside); the relation shape also reads as triples
-(:func:`read_doccano_relations`). Writers: :func:`write_doccano` (NER, the ``label`` shape) and
-:func:`write_doccano_relations`; :func:`records` makes the lines of ``zhie predict --output-format doccano``. An entity
-without a type (a GPLinker prediction: the relation task predicts mentions, not their types) is written with the
-label :data:`UNTYPED`, as doccano needs a label for every entity.
+doccano's ends are exclusive, as zhie's. Identical spans (and triples) in a line are kept once; two entities of a line
+with one ``id`` are refused, as a relation could not tell them apart. Other fields (``id``, ``Comments``, ``meta``,
+...) are ignored. Either shape reads as NER (:func:`read_doccano`: the entities, the relations left aside); the
+relation shape also reads as triples (:func:`read_doccano_relations`). Writers: :func:`write_doccano` (NER, the
+``label`` shape) and :func:`write_doccano_relations`; :func:`records` makes the lines of ``zhie predict
+--output-format doccano``. An entity without a type (a GPLinker prediction: the relation task predicts mentions, not
+their types) is written with the label :data:`UNTYPED`, as doccano needs a label for every entity.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span
-from zhie.data.base import DataError, PathLike, iter_lines, json_line
+from zhie.data.base import DataError, PathLike, iter_lines, json_line, shown
 from zhie.data.example import NerExample, check_range, make_example, text_field
 from zhie.data.spo import SpoExample, Triple
 
@@ -51,7 +52,7 @@ def _entities(path: PathLike, lineno: int, record: dict, text: str) -> dict[obje
             if not (isinstance(item, list) and len(item) == 3):
                 hint = ("; a list of strings is a doccano text-classification export, which zhie does not read"
                         if isinstance(item, str) else "")
-                raise DataError(path, lineno, f"label[{j}]: expected [start, end, \"TYPE\"], got {item!r}{hint}")
+                raise DataError(path, lineno, f"label[{j}]: expected [start, end, \"TYPE\"], got {shown(item)}{hint}")
             out[j] = _span(path, lineno, text, *item, f"label[{j}]")
         return out
     entities = record.get("entities", [])
@@ -67,9 +68,9 @@ def _entities(path: PathLike, lineno: int, record: dict, text: str) -> dict[obje
                 raise DataError(path, lineno, f"{what}: missing field {key!r} (doccano's entities have id, "
                                               "start_offset, end_offset, label)")
         if not isinstance(ent["id"], (int, str)) or isinstance(ent["id"], bool):
-            raise DataError(path, lineno, f"{what}: 'id' must be an integer or a string, got {ent['id']!r}")
+            raise DataError(path, lineno, f"{what}: 'id' must be an integer or a string, got {shown(ent['id'])}")
         if ent["id"] in out:
-            raise DataError(path, lineno, f"{what}: id {ent['id']!r} is given to two entities of this line; give "
+            raise DataError(path, lineno, f"{what}: id {shown(ent['id'])} is given to two entities of this line; give "
                                           "each entity its own id")
         out[ent["id"]] = _span(path, lineno, text, ent["start_offset"], ent["end_offset"], ent["label"], what)
     return out
@@ -77,7 +78,7 @@ def _entities(path: PathLike, lineno: int, record: dict, text: str) -> dict[obje
 
 def _span(path: PathLike, lineno: int, text: str, start, end, label, what: str) -> Span:
     if not isinstance(label, str) or not label:
-        raise DataError(path, lineno, f"{what}: the label must be a non-empty string (the type), got {label!r}")
+        raise DataError(path, lineno, f"{what}: the label must be a non-empty string (the type), got {shown(label)}")
     check_range(path, lineno, text, start, end, what)
     return Span(start, end, label, text[start:end])
 
@@ -97,12 +98,12 @@ def _relations(path: PathLike, lineno: int, record: dict, entities: dict[object,
                                               "to_id, type)")
         for key in ("from_id", "to_id"):
             if not isinstance(rel[key], (int, str)) or isinstance(rel[key], bool) or rel[key] not in entities:
-                known = ", ".join(map(repr, entities)) or "none"
-                raise DataError(path, lineno, f"{what}: {key} {rel[key]!r} names no entity of this line (its "
+                known = shown(list(entities))[1:-1] or "none"
+                raise DataError(path, lineno, f"{what}: {key} {shown(rel[key])} names no entity of this line (its "
                                               f"entities' ids: {known})")
         if not isinstance(rel["type"], str) or not rel["type"]:
             raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string (the predicate), got "
-                                          f"{rel['type']!r}")
+                                          f"{shown(rel['type'])}")
         triples.append(Triple(entities[rel["from_id"]], rel["type"], entities[rel["to_id"]]))
     return list(dict.fromkeys(triples))
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from zhie.core.spans import Span
-from zhie.data.base import DataError, PathLike
+from zhie.data.base import DataError, PathLike, shown
 
 __all__ = ["NerExample", "check_range", "is_int", "make_example", "text_field"]
 
@@ -48,8 +48,9 @@ def is_int(x: object) -> bool:
 def check_range(path: PathLike, lineno: int, text: str, start, end, what: str) -> None:
     """Check an exclusive range [start, end) is a non-empty piece of ``text``."""
     if not (is_int(start) and is_int(end)):
-        raise DataError(path, lineno, f"{what}: offsets must be integers, got {start!r}, {end!r}")
+        raise DataError(path, lineno, f"{what}: offsets must be integers, got {shown(start)}, {shown(end)}")
     if not 0 <= start < end <= len(text):
         raise DataError(
-            path, lineno, f"{what}: range [{start}, {end}) is empty or outside the text (length {len(text)})"
+            path, lineno, f"{what}: range [{shown(start)}, {shown(end)}) is empty or outside the text (length "
+                          f"{len(text)})"
         )

@@ -8,7 +8,8 @@ cancelled, the ground-truth ones if any, the latest of them (``updated_at``, els
 the list); a task with none (not annotated yet, or only skipped) is left out and counted in the log. Its results:
 
 * ``labels`` results ``{"id", "type": "labels", "value": {"start", "end", "text", "labels": [...]}}`` are spans
-  (character offsets, end exclusive; a region with several labels is one span per label): the entities of NER,
+  (character offsets, end exclusive; a region with several labels is one span per label, and two regions of one
+  range and label are one span): the entities of NER,
   the words of word segmentation (every labelled region a word, whatever its label; the words must not overlap,
   and what lies between them must be whitespace, which is dropped, as in segmented text), the mentions of
   relations (their labels the types);
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhie.core.spans import Span
-from zhie.data.base import DataError, PathLike, iter_json_list
+from zhie.data.base import DataError, PathLike, iter_json_list, shown
 from zhie.data.cws import words_to_example
 from zhie.data.example import NerExample
 from zhie.data.spo import SpoExample, Triple
@@ -99,11 +100,12 @@ def _task_text(path, lineno: int, where: str, data: object) -> str:
     else:
         strings = [k for k, v in data.items() if isinstance(v, str)]
         if len(strings) != 1:
-            raise _fail(path, lineno, where, f"no field 'text' in 'data' (fields: {', '.join(data) or 'none'}), and "
-                                             "not one string field to take instead: name the text field 'text'")
+            fields = ", ".join(shown(k)[1:-1] for k in list(data)[:8]) + (", ..." if len(data) > 8 else "") or "none"
+            raise _fail(path, lineno, where, f"no field 'text' in 'data' (fields: {fields}), and not one string field "
+                                             "to take instead: name the text field 'text'")
         key = strings[0]
     if not isinstance(data[key], str):
-        raise _fail(path, lineno, where, f"data[{key!r}] must be a string, got {type(data[key]).__name__}")
+        raise _fail(path, lineno, where, f"data[{shown(key)}] must be a string, got {type(data[key]).__name__}")
     return data[key]
 
 
@@ -145,10 +147,11 @@ def _region(path, lineno: int, where: str, text: str, k: int, value: object) -> 
     start, end, labels = value.get("start"), value.get("end"), value.get("labels")
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
         raise _fail(path, lineno, where, f"{what}: 'value' needs integer character offsets 'start' and 'end', got "
-                                         f"{start!r}, {end!r} (is this a region of text? HyperText and Paragraphs "
-                                         f"regions are not read)")
+                                         f"{shown(start)}, {shown(end)} (is this a region of text? HyperText and "
+                                         f"Paragraphs regions are not read)")
     if not (isinstance(labels, list) and labels and all(isinstance(x, str) and x for x in labels)):
-        raise _fail(path, lineno, where, f"{what}: 'value.labels' must be a non-empty list of labels, got {labels!r}")
+        raise _fail(path, lineno, where, f"{what}: 'value.labels' must be a non-empty list of labels, got "
+                                         f"{shown(labels)}")
     mention = value.get("text")
     if mention is not None and not isinstance(mention, str):
         raise _fail(path, lineno, where, f"{what}: 'value.text' must be a string, got {type(mention).__name__}")
@@ -157,21 +160,23 @@ def _region(path, lineno: int, where: str, text: str, k: int, value: object) -> 
     a, b = utf16_to_chars(text, start), utf16_to_chars(text, end)  # a browser's offsets (UTF-16 code units)?
     if mention is not None and a is not None and b is not None and a < b and text[a:b] == mention:
         return a, b, labels
-    reads = repr(text[start:end]) if 0 <= start < end <= len(text) else f"nothing (the text has {len(text)} characters)"
-    raise _fail(path, lineno, where, f"{what}: the offsets [{start}, {end}) do not match 'value.text' {mention!r}: "
-                                     f"the text reads {reads} there; fix the region in Label Studio and export again")
+    reads = shown(text[start:end]) if 0 <= start < end <= len(text) else \
+        f"nothing (the text has {len(text)} characters)"
+    raise _fail(path, lineno, where, f"{what}: the offsets [{shown(start)}, {shown(end)}) do not match 'value.text' "
+                                     f"{shown(mention)}: the text reads {reads} there; fix the region in Label Studio "
+                                     "and export again")
 
 
 def _labelled(path, lineno: int, index: int, task: object) -> Labelled | None:
     if not isinstance(task, dict):
         raise DataError(path, lineno, f"task {index}: expected a JSON object, got {type(task).__name__}")
-    where = f"task {index}" + (f" (id {task['id']})" if "id" in task else "")
+    where = f"task {index}" + (f" (id {shown(task['id'])})" if "id" in task else "")
     text = _task_text(path, lineno, where, task.get("data"))
     taken = _annotation(path, lineno, where, task)
     if taken is None:
         return None
     a, annotation = taken
-    where = f"{where}, annotations[{a}]" + (f" (id {annotation['id']})" if "id" in annotation else "")
+    where = f"{where}, annotations[{a}]" + (f" (id {shown(annotation['id'])})" if "id" in annotation else "")
     result = annotation.get("result", [])
     if not isinstance(result, list):
         raise _fail(path, lineno, where, f"'result' must be a list, got {type(result).__name__}")
@@ -189,18 +194,19 @@ def _labelled(path, lineno: int, index: int, task: object) -> Labelled | None:
         ends = [item.get("from_id"), item.get("to_id")]
         missing = [str(x) for x in ends if str(x) not in out.regions]
         if missing:
-            raise _fail(path, lineno, where, f"result[{k}]: a relation from {ends[0]!r} to {ends[1]!r}, but no "
-                                             f"labelled region of this annotation has the id "
-                                             f"{' or '.join(map(repr, missing))}; a relation links two labelled spans")
+            raise _fail(path, lineno, where, f"result[{k}]: a relation from {shown(ends[0])} to {shown(ends[1])}, but "
+                                             f"no labelled region of this annotation has the id "
+                                             f"{' or '.join(map(shown, missing))}; a relation links two labelled spans")
         labels = item.get("labels")
         if not (isinstance(labels, list) and labels and all(isinstance(x, str) and x for x in labels)):
-            raise _fail(path, lineno, where, f"result[{k}]: a relation from {ends[0]!r} to {ends[1]!r} without a label "
-                                             "(its predicate): label it in Label Studio (<Relations> in the labelling "
-                                             "config) and export again")
+            raise _fail(path, lineno, where, f"result[{k}]: a relation from {shown(ends[0])} to {shown(ends[1])} "
+                                             "without a label (its predicate): label it in Label Studio (<Relations> "
+                                             "in the labelling config) and export again")
         direction = item.get("direction", "right")
         if direction not in ("right", "left"):
-            raise _fail(path, lineno, where, f"result[{k}]: a relation with direction {direction!r} has no subject and "
-                                             "object; make it point from the subject to the object (right)")
+            raise _fail(path, lineno, where, f"result[{k}]: a relation with direction {shown(direction)} has no "
+                                             "subject and object; make it point from the subject to the object "
+                                             "(right)")
         subject, obj = (ends if direction == "right" else ends[::-1])
         out.relations += [(str(subject), str(obj), label, k) for label in labels]
     return out
@@ -243,19 +249,19 @@ def read_words(path: PathLike) -> list[NerExample]:
         words, at = [], 0
         for span in sorted({(s.start, s.end) for s in t.spans()}):
             if span[0] < at:
-                raise DataError(path, t.lineno, f"{t.where}: the words {t.text[words[-1][0]:words[-1][1]]!r} and "
-                                                f"{t.text[span[0]:span[1]]!r} overlap ([{words[-1][0]}, "
+                raise DataError(path, t.lineno, f"{t.where}: the words {shown(t.text[words[-1][0]:words[-1][1]])} and "
+                                                f"{shown(t.text[span[0]:span[1]])} overlap ([{words[-1][0]}, "
                                                 f"{words[-1][1]}) and [{span[0]}, {span[1]})); a word segmentation "
                                                 "labels each character once")
             gap = t.text[at:span[0]]
             if gap.strip():
-                raise DataError(path, t.lineno, f"{t.where}: {gap.strip()!r} at [{at}, {span[0]}) is in no word; label "
-                                                "every word of the text (a one-character word too)")
+                raise DataError(path, t.lineno, f"{t.where}: {shown(gap.strip())} at [{at}, {span[0]}) is in no word; "
+                                                "label every word of the text (a one-character word too)")
             words.append(span)
             at = span[1]
         if t.text[at:].strip():
-            raise DataError(path, t.lineno, f"{t.where}: {t.text[at:].strip()!r} at [{at}, {len(t.text)}) is in no "
-                                            "word; label every word of the text (a one-character word too)")
+            raise DataError(path, t.lineno, f"{t.where}: {shown(t.text[at:].strip())} at [{at}, {len(t.text)}) is in "
+                                            "no word; label every word of the text (a one-character word too)")
         if words:
             out.append(words_to_example([t.text[a:b] for a, b in words]))
     if not out:

@@ -26,13 +26,15 @@ mention (CLUENER train has one) reads as it is written.
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span, tags_to_spans
-from zhie.data.base import DataError, PathLike, iter_json_list, iter_lines, json_line
+from zhie.data.base import DataError, PathLike, iter_json_list, iter_lines, json_line, shown
 from zhie.data.doccano import is_doccano, read_doccano
 from zhie.data.example import NerExample, check_range, is_int, make_example, text_field
 
@@ -57,14 +59,14 @@ def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
         if not etype:
             raise DataError(path, lineno, "empty entity type in 'label'")
         if not isinstance(mentions, dict):
-            raise DataError(path, lineno, f"label[{etype!r}] must map mentions to offsets")
+            raise DataError(path, lineno, f"label[{shown(etype)}] must map mentions to offsets")
         for mention, offsets in mentions.items():
-            what = f"label[{etype!r}][{mention!r}]"
+            what = f"label[{shown(etype)}][{shown(mention)}]"
             if not isinstance(offsets, list):
                 raise DataError(path, lineno, f"{what} must be a list of [start, end] pairs")
             for pair in offsets:
                 if not (isinstance(pair, list) and len(pair) == 2):
-                    raise DataError(path, lineno, f"{what}: expected a [start, end] pair, got {pair!r}")
+                    raise DataError(path, lineno, f"{what}: expected a [start, end] pair, got {shown(pair)}")
                 start, end_incl = pair
                 end = end_incl + 1 if is_int(end_incl) else end_incl
                 check_range(path, lineno, text, start, end, what)
@@ -73,7 +75,7 @@ def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
                         path,
                         lineno,
                         f"{what}: mention does not match the text at [{start}, {end_incl}] "
-                        f"(end inclusive), which reads {text[start:end]!r}",
+                        f"(end inclusive), which reads {shown(text[start:end])}",
                     )
                 triples.append((start, end, etype))
     return make_example(text, triples)
@@ -142,7 +144,7 @@ def read_conll(
         if skip_docstart and fields[0] == "-DOCSTART-":
             continue
         if len(fields) < 2 or (tag_column is None and len(fields) != 2):
-            raise DataError(path, lineno, f"expected 'token TAG', got {len(fields)} field(s): {line!r}")
+            raise DataError(path, lineno, f"expected 'token TAG', got {len(fields)} field(s): {shown(line)}")
         token, tag = fields[0], fields[-1 if tag_column is None else tag_column]
         if strip_lang_prefix:
             token = _LANG_PREFIX.sub("", token)
@@ -200,15 +202,15 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
                 raise DataError(path, lineno, f"{what}: missing field {key!r}")
         start, end_incl, etype, mention = ent["start_idx"], ent["end_idx"], ent["type"], ent["entity"]
         if not isinstance(etype, str) or not etype:
-            raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string, got {etype!r}")
+            raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string, got {shown(etype)}")
         end = end_incl + 1 if is_int(end_incl) else end_incl
         check_range(path, lineno, text, start, end, what)
         if text[start:end] != mention:
             raise DataError(
                 path,
                 lineno,
-                f"{what}: 'entity' {mention!r} does not match the text at [{start}, {end_incl}] "
-                f"(end inclusive), which reads {text[start:end]!r}",
+                f"{what}: 'entity' {shown(mention)} does not match the text at [{start}, {end_incl}] "
+                f"(end inclusive), which reads {shown(text[start:end])}",
             )
         triples.append((start, end, etype))
     return make_example(text, triples)
@@ -243,20 +245,25 @@ def _jsonl_record(path: PathLike, lineno: int, record: dict) -> NerExample:
                 raise DataError(path, lineno, f"{what}: missing field {k!r}")
         start, end, label = ent["start"], ent["end"], ent["label"]
         if not isinstance(label, str) or not label:
-            raise DataError(path, lineno, f"{what}: 'label' must be a non-empty string (the type), got {label!r}")
+            raise DataError(path, lineno, f"{what}: 'label' must be a non-empty string (the type), got {shown(label)}")
         check_range(path, lineno, text, start, end, what)
         if "text" in ent and ent["text"] != text[start:end]:
             raise DataError(
                 path,
                 lineno,
-                f"{what}: 'text' {ent['text']!r} does not match text[{start}:{end}] = {text[start:end]!r}",
+                f"{what}: 'text' {shown(ent['text'])} does not match text[{start}:{end}] = {shown(text[start:end])}",
             )
         score = ent.get("score")
-        if score is not None and not (isinstance(score, (int, float)) and not isinstance(score, bool)):
-            raise DataError(path, lineno, f"{what}: 'score' must be a number, got {score!r}")
+        if score is not None and not _finite_number(score):
+            raise DataError(path, lineno, f"{what}: 'score' must be a finite number, got {shown(score)}")
         span = Span(start, end, label, text[start:end], None if score is None else float(score))
         unique.setdefault((start, end, label), span)
     return NerExample(text, [unique[k] for k in sorted(unique)])
+
+
+def _finite_number(x: object) -> bool:
+    """Whether ``x`` is a number that a float holds (not NaN or infinite; an integer of at most ~1e308)."""
+    return (is_int(x) and abs(x) <= sys.float_info.max) or (isinstance(x, float) and math.isfinite(x))
 
 
 def read_ner_jsonl(path: PathLike) -> list[NerExample]:

@@ -4,7 +4,8 @@ Each line: ``{"text", "spo_list": [{"subject", "predicate", "object", "subject_t
 ``object`` and ``object_type`` may be strings or ``{"@value": ...}``. Mentions are strings, so they are located
 here. **Rule**: among every occurrence of the subject and every occurrence of the object, take the pair whose
 starts are closest to each other (ties: the earliest subject, then the earliest object). A triple whose subject
-or object does not occur in the text keeps no offsets; :func:`read_spo` counts them (``located=False``).
+or object does not occur in the text keeps no offsets; :func:`read_spo` counts them (``located=False``). A triple
+given twice in a line is kept once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from zhie.core.spans import Span
-from zhie.data.base import DataError, PathLike, iter_lines, json_line
+from zhie.data.base import DataError, PathLike, iter_lines, json_line, shown
 
 
 @dataclass(frozen=True)
@@ -75,18 +76,23 @@ def read_spo(path: PathLike) -> list[SpoExample]:
         if not isinstance(text, str):
             raise DataError(path, lineno, "missing or non-string field 'text'")
         triples = []
-        for i, spo in enumerate(record.get("spo_list") or []):
+        spo_list = record.get("spo_list") or []
+        if not isinstance(spo_list, list):
+            raise DataError(path, lineno, f"'spo_list' must be a list of triples, got {type(spo_list).__name__}")
+        for i, spo in enumerate(spo_list):
             try:
                 subject, predicate, obj = spo["subject"], spo["predicate"], _value(spo["object"])
             except (KeyError, TypeError):
                 raise DataError(path, lineno, f"spo_list[{i}] needs subject, predicate and object") from None
             if not all(isinstance(x, str) and x for x in (subject, predicate, obj)):
                 raise DataError(path, lineno, f"spo_list[{i}]: subject, predicate and object must be non-empty strings")
+            types = [_value(spo.get(key)) or "" for key in ("subject_type", "object_type")]
+            if not all(isinstance(x, str) for x in types):
+                raise DataError(path, lineno, f"spo_list[{i}]: subject_type and object_type must be strings, got "
+                                              f"{shown(types[0])} and {shown(types[1])}")
             s, o = locate(text, subject, obj)
-            triples.append(Triple(
-                Span(s, s + len(subject) if s >= 0 else -1, str(_value(spo.get("subject_type")) or ""), subject),
-                predicate,
-                Span(o, o + len(obj) if o >= 0 else -1, str(_value(spo.get("object_type")) or ""), obj)))
+            triples.append(Triple(Span(s, s + len(subject) if s >= 0 else -1, types[0], subject), predicate,
+                                  Span(o, o + len(obj) if o >= 0 else -1, types[1], obj)))
         examples.append(SpoExample(text, list(dict.fromkeys(triples))))
     if not examples:
         raise DataError(path, 1, "empty file: no record")

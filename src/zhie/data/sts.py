@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zhie.data.base import DataError, PathLike, iter_lines
+from zhie.data.base import DataError, PathLike, iter_lines, shown
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,9 @@ def read_pairs(path: PathLike) -> list[Pair]:
         try:
             label = float(fields[2])
         except ValueError:
-            raise DataError(path, lineno, f"label {fields[2]!r} is not a number") from None
+            raise DataError(path, lineno, f"label {shown(fields[2])} is not a number") from None
         if not math.isfinite(label):
-            raise DataError(path, lineno, f"label {fields[2]!r} is not a finite number; give a score such as 0, 1 "
+            raise DataError(path, lineno, f"label {shown(fields[2])} is not a finite number; give a score such as 0, 1 "
                             "or 3.8")
         if not fields[0].strip() or not fields[1].strip():
             raise DataError(path, lineno, "empty sentence")

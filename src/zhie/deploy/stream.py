@@ -70,6 +70,9 @@ class TextReader:
         for line in itertools.chain(given, *map(self.numbered, self.paths)):
             count += 1
             yield line
+        if not count and len(self.paths) == 1:
+            raise DataError("<stdin>" if self.paths[0] == STDIN else self.paths[0], 1,
+                            f"empty file: nothing to {self.command} (a file with a text per line)")
         if not count:
             raise ValueError(f"nothing to {self.command}: give texts as arguments or --input FILE (a file with lines)")
 

@@ -23,8 +23,9 @@ The file (TOML; YAML too when PyYAML is installed) lists the member tasks and th
 
 The keys of each table are the fields of :class:`MemberSpec`, :class:`Weighting` and :class:`Sampling`. A bad file
 raises :class:`ConfigError` naming the file, the member and the key: ``FILE: task 'ner': options.head: expected one
-of crf, ...``. A member's ``options`` are checked against its task's own flags, so :func:`read` is given the task
-registry's lookup (``tasks.get``: this package sits below the tasks and imports none).
+of crf, ...``; one that is not UTF-8 or not TOML, the file and the line: ``FILE:3: not valid TOML: ...`` (a BOM at
+the start is dropped). A member's ``options`` are checked against its task's own flags, so :func:`read` is given the
+task registry's lookup (``tasks.get``: this package sits below the tasks and imports none).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+
+from zhie.core import config_file
+from zhie.data.base import shown
 
 SCHEMES = ("equal", "initial", "prior", "real-time", "generalised-mean", "grad-normalise", "mgda", "main-auxiliary",
            "uncertainty")
@@ -132,13 +136,14 @@ def _read(path: Path, task_class: Callable[[str], type]) -> MultitaskFile:
     specs: list[MemberSpec] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
-            raise ConfigError(f"{path}: tasks[{i}]: expected a table, got {entry!r}")
+            raise ConfigError(f"{path}: tasks[{i}]: expected a table, got {shown(entry)}")
         name = entry.get("name")
         if not isinstance(name, str) or not NAME.fullmatch(name):
-            raise ConfigError(f"{path}: tasks[{i}]: name: expected a name of letters, digits, _ or -, got {name!r}")
-        where = f"{path}: task {name!r}"
+            raise ConfigError(f"{path}: tasks[{i}]: name: expected a name of letters, digits, _ or -, got "
+                              f"{shown(name)}")
+        where = f"{path}: task {shown(name)}"
         if any(s.name == name for s in specs):
-            raise ConfigError(f"{where}: name: two tasks are named {name!r}; names must be unique")
+            raise ConfigError(f"{where}: name: two tasks are named {shown(name)}; names must be unique")
         for key in entry:
             if key not in MEMBER_KEYS:
                 raise ConfigError(f"{where}: {key}: not a key of a task; use {', '.join(MEMBER_KEYS)}")
@@ -154,55 +159,51 @@ def _read(path: Path, task_class: Callable[[str], type]) -> MultitaskFile:
         files = {}
         for key in ("train", "dev"):
             file = path.parent / entry[key]
-            if not file.exists():
-                raise ConfigError(f"{where}: {key}: {file} does not exist")
+            if not _exists(file):
+                raise ConfigError(f"{where}: {key}: {shown(str(file))[1:-1]} does not exist")
             files[key] = str(file)
         batch_size = entry.get("batch_size")
         if batch_size is not None and not _positive(batch_size, integer=True):
-            raise ConfigError(f"{where}: batch_size: expected a positive integer, got {batch_size!r}")
+            raise ConfigError(f"{where}: batch_size: expected a positive integer, got {shown(batch_size)}")
         sampling_weight = entry.get("sampling_weight")
         if sampling_weight is not None and not _positive(sampling_weight):
-            raise ConfigError(f"{where}: sampling_weight: expected a positive number, got {sampling_weight!r}")
+            raise ConfigError(f"{where}: sampling_weight: expected a positive number, got {shown(sampling_weight)}")
         fmt = entry.get("format", "auto")
         if not isinstance(fmt, str):
-            raise ConfigError(f"{where}: format: expected a string, got {fmt!r}")
+            raise ConfigError(f"{where}: format: expected a string, got {shown(fmt)}")
         options = _check_options(where, cls, entry.get("options", {}))
         for key in PATH_OPTIONS.get(cls.name, ()):
             if options.get(key) is not None:
                 file = path.parent / options[key]
-                if not file.exists():
-                    raise ConfigError(f"{where}: options.{key}: {file} does not exist")
+                if not _exists(file):
+                    raise ConfigError(f"{where}: options.{key}: {shown(str(file))[1:-1]} does not exist")
                 options[key] = str(file)
         specs.append(MemberSpec(name, cls.name, files["train"], files["dev"], fmt, batch_size, sampling_weight,
                                 options))
     weighting = _table(path, data, "weighting", WEIGHTING_KEYS)
     for key, value in weighting.items():
         if key == "scheme" and value not in SCHEMES:
-            raise ConfigError(f"{path}: weighting.scheme: {value!r} is not one of {', '.join(SCHEMES)}")
+            raise ConfigError(f"{path}: weighting.scheme: {shown(value)} is not one of {', '.join(SCHEMES)}")
         if key == "main" and value not in [s.name for s in specs]:
-            raise ConfigError(f"{path}: weighting.main: {value!r} is not the name of a task")
+            raise ConfigError(f"{path}: weighting.main: {shown(value)} is not the name of a task")
         if key == "gamma" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-            raise ConfigError(f"{path}: weighting.gamma: expected a number, got {value!r}")
+            raise ConfigError(f"{path}: weighting.gamma: expected a number, got {shown(value)}")
         if key == "initial_batches" and not _positive(value, integer=True):
-            raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {value!r}")
+            raise ConfigError(f"{path}: weighting.initial_batches: expected a positive integer, got {shown(value)}")
         if key == "gradients" and value not in GRADIENT_SPACES:
-            raise ConfigError(f"{path}: weighting.gradients: {value!r} is not one of {', '.join(GRADIENT_SPACES)}")
+            raise ConfigError(f"{path}: weighting.gradients: {shown(value)} is not one of {', '.join(GRADIENT_SPACES)}")
     sampling = _table(path, data, "sampling", SAMPLING_KEYS)
     for key, value in sampling.items():
         if key == "mode" and value not in SAMPLING:
-            raise ConfigError(f"{path}: sampling.mode: {value!r} is not one of {', '.join(SAMPLING)}")
+            raise ConfigError(f"{path}: sampling.mode: {shown(value)} is not one of {', '.join(SAMPLING)}")
         if key == "temperature" and not _positive(value):
-            raise ConfigError(f"{path}: sampling.temperature: expected a positive number, got {value!r}")
+            raise ConfigError(f"{path}: sampling.temperature: expected a positive number, got {shown(value)}")
     return MultitaskFile(path, tuple(specs), Weighting(**weighting), Sampling(**sampling))
 
 
 def load_file(path: Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not valid UTF-8 ({err.reason} at byte {err.start}); save it as UTF-8") from None
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml
@@ -210,21 +211,18 @@ def load_file(path: Path) -> dict:
             raise ConfigError(f"{path}: YAML configs need PyYAML, which is not installed; write the config in TOML "
                               "(a .toml file), or pip install pyyaml") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.safe_load(config_file.decoded(path, path.read_bytes(), ConfigError))
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     elif path.suffix == ".toml":
         try:
-            import tomllib
+            import tomllib  # noqa: F401  (config_file.load_toml's)
         except ImportError:  # Python 3.10: its backport, a dependency there
             try:
-                import tomli as tomllib
+                import tomli  # noqa: F401
             except ImportError:
                 raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"{path}: not valid TOML: {err}") from None
+        data = config_file.load_toml(path, ConfigError)
     else:
         raise ConfigError(f"{path}: a multi-task config is a .toml file (or .yaml with PyYAML installed)")
     if not isinstance(data, dict):
@@ -257,9 +255,17 @@ def _check_options(where: str, cls: type, options: object) -> dict:
         else:
             ok, expected = isinstance(value, str), "a string"
         if not ok:
-            raise ConfigError(f"{where}: options.{key}: expected {expected}, got {value!r}")
+            raise ConfigError(f"{where}: options.{key}: expected {expected}, got {shown(value)}")
         out[dest] = value
     return out
+
+
+def _exists(file: Path) -> bool:
+    """Whether ``file`` exists; a name the system cannot take (too long, a NUL in it) names no file."""
+    try:
+        return file.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _positive(value: object, integer: bool = False) -> bool:

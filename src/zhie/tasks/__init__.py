@@ -58,7 +58,9 @@ def get(name: str) -> type:
     if name not in _ALIASES:
         _discover()
     if name not in _ALIASES:
-        raise ValueError(f"unknown task {name!r}; zhie knows {', '.join(sorted(_REGISTRY))}")
+        from zhie.data.base import shown  # the name cut short: a config file's string may be long
+
+        raise ValueError(f"unknown task {shown(name)}; zhie knows {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[_ALIASES[name]]
 
 
