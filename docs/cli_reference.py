@@ -98,6 +98,7 @@ TABLES = {
     "serve": lambda: render_groups(parser_of(["serve"])),
     "eval": lambda: render_groups(parser_of(["eval"])),
     "predict": lambda: render_groups(parser_of(["predict"])),
+    "select": lambda: render_groups(parser_of(["select"])),
 }
 
 

@@ -1,5 +1,5 @@
-"""The ``zhie`` command: train, eval, predict, demo, serve, export, the training jobs (distill, pretrain), and the
-tasks' own commands (segment, embed).
+"""The ``zhie`` command: train, eval, predict, select, demo, serve, export, the training jobs (distill, pretrain), and
+the tasks' own commands (segment, embed).
 
 Over 400 lines: one parser and its handlers, a screen of each per command; what a handler does lives in the library
 (a handler reads its flags and calls one function), so splitting the file would only scatter the command table.
@@ -36,19 +36,20 @@ from zhie import tasks  # noqa: E402  (after the setting above: this imports num
 from zhie.core.files import atomic_write_text, check_file_target  # noqa: E402
 from zhie.core.options import Parser, add_config_flags, add_flags, option_fields, positive_int, values_from_flags  # noqa: E402
 from zhie.data import FORMATS  # noqa: E402
-from zhie.deploy import outputs, stream  # noqa: E402
+from zhie.deploy import outputs, selection, stream  # noqa: E402
 from zhie.tasks.cli_flags import add_batching_flags, add_prediction_flags  # noqa: E402
 from zhie.tasks.modeldir import resolve_model_dir  # noqa: E402
 from zhie.version import __version__  # noqa: E402
 
 
-def _train_flags(p: argparse.ArgumentParser, data: bool = True) -> None:
+def _train_flags(p: argparse.ArgumentParser, data: bool = True, extends: bool = False) -> None:
     """``zhie train TASK``'s flags besides the task's own: :class:`~zhie.training.config.RunOptions`' (no --train,
     --dev, --format for a task whose own options name its data: multitask's --tasks) and
     :class:`~zhie.training.TrainConfig`'s, each with its help and default (:func:`zhie.core.options.add_flags`)."""
     from zhie.training.config import RunOptions, add_session_flags, add_train_flags
 
-    names = [f.name for f in option_fields(RunOptions) if data or f.name not in ("train", "dev", "format")]
+    names = [f.name for f in option_fields(RunOptions) if (data or f.name not in ("train", "dev", "format"))
+             and (f.name != "from_model" or extends)]  # --from: zhie train ner's (zhie.training.extend)
     add_flags(p, RunOptions, names)
     for action in p._actions:  # given on the command line or by --config FILE
         action.required = action.dest in ("train", "dev", "out")
@@ -87,6 +88,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     _train_parser(sub, command)
     _eval_parser(sub)
     _predict_parser(sub)
+    selection.add_command(sub)
     _task_commands(sub, command)
     _job_parsers(sub, command)
     _serve_parser(sub, command)
@@ -107,7 +109,7 @@ def _train_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
 
 def _task_flags(p: argparse.ArgumentParser, cls) -> argparse.ArgumentParser:
     """``zhie train TASK``'s flags: the common training flags and the task's own."""
-    _train_flags(p, cls.data_flags)
+    _train_flags(p, cls.data_flags, extends=cls.name == "ner")
     group = p.add_argument_group(f"{cls.name} options")
     cls.add_arguments(group)
     p.set_defaults(task_class=cls, task_options=[action.dest for action in group._group_actions])
@@ -181,14 +183,7 @@ def _predict_parser(sub: argparse._SubParsersAction) -> None:
                          "{\"text\", \"label\"}; relations: {\"text\", \"entities\", \"relations\"}); label-studio: a "
                          "JSON list of Label Studio tasks to import, one per input line, the predictions as "
                          "pre-annotations (NER, word segmentation and relation models)")
-    ls = pr.add_argument_group("Label Studio output (--output-format label-studio): the names of the project's "
-                               "labelling config")
-    ls.add_argument("--ls-from-name", default=None, help="the <Labels> control's name (default: label)")
-    ls.add_argument("--ls-to-name", default=None, help="the <Text> object's name (default: text)")
-    ls.add_argument("--ls-data-key", default=None, help="the task field the <Text> shows, its $value (default: text)")
-    ls.add_argument("--ls-model-version", default=None,
-                    help="the predictions' model_version (default: zhie-TASK- and a hash of the model's zhie.json and "
-                         "training.json)")
+    outputs.add_label_studio_flags(pr)
     ray = pr.add_argument_group("Ray Data (the ray extra): --input PATH(S) of JSONL/text/Parquet, --output DIRECTORY")
     ray.add_argument("--ray", action="store_true", help="predict with one model per Ray worker; sharded JSONL out")
     ray.add_argument("--ray-address", default=None, help="the cluster to join (default: RAY_ADDRESS, else a local one)")
@@ -255,7 +250,8 @@ def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None
     """The tasks' own commands (``Task.add_commands``): that of ``command`` from its task, the others of zhie's own
     tasks as their help line (:data:`zhie.tasks.COMMANDS`); every task's for a command zhie does not know (a task of
     an entry point's), or when ``command`` is None."""
-    known = {*tasks.COMMANDS, "train", "eval", "predict", "serve", "export", "demo", "distill", "pretrain", ""}
+    known = {*tasks.COMMANDS, "train", "eval", "predict", "select", "serve", "export", "demo", "distill", "pretrain",
+             ""}
     if command is None or command not in known:
         for cls in tasks.all_tasks():
             cls.add_commands(sub)
@@ -274,7 +270,8 @@ def cmd_train(args) -> None:
     return zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
                     encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
                     unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
-                    config=config_from_flags(args), resume=not args.no_resume, progress=not args.quiet,
+                    from_model=getattr(args, "from_model", None), config=config_from_flags(args),
+                    resume=not args.no_resume, progress=not args.quiet,
                     **{dest: getattr(args, dest) for dest in args.task_options})
 
 
@@ -342,11 +339,7 @@ def cmd_predict(args) -> None:
                                   batch_size=args.batch_size, max_tokens=args.max_tokens, rows=args.chunk_lines,
                                   skip_bad_lines=args.skip_bad_lines, input_format=args.input_format)
         return
-    given = [flag for flag in ("ls_from_name", "ls_to_name", "ls_data_key", "ls_model_version")
-             if getattr(args, flag) is not None]
-    if given and args.output_format != "label-studio":
-        raise ValueError(f"--{given[0].replace('_', '-')} names the Label Studio output: add --output-format "
-                         "label-studio, or leave it out")
+    outputs.label_studio_names(args)  # the --ls-* flags only with --output-format label-studio
     if args.output:
         check_file_target(Path(args.output))
     pipe = zhie.load(args.model, device=args.device, precision=args.precision)

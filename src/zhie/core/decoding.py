@@ -8,7 +8,9 @@ export hands the graph's outputs (:mod:`zhie.deploy.runtime`); nothing here impo
 * :func:`viterbi` — the CRF's Viterbi, restricted by :func:`bio_allowed_transitions` /
   :func:`bmes_allowed_transitions`; :func:`tag_probabilities` — the softmax probability of each chosen tag;
 * :func:`link_relations` — GPLinker's linking of subjects and objects into triples, with its caps;
-* :func:`l2_normalize` — sentence vectors; :data:`POOLINGS` — the pooling heads (they run inside the model).
+* :func:`l2_normalize` — sentence vectors; :data:`POOLINGS` — the pooling heads (they run inside the model);
+* how sure a head is of what it decoded (``zhie select``, :mod:`zhie.deploy.selection`): :func:`cell_surprise` for the
+  span heads' cells, :func:`crf_surprise` for the CRF.
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ def span_cells(logits: np.ndarray, cap: int) -> tuple[np.ndarray, ...]:
             offset += count
         cells, values = cells[np.concatenate(keep)], values[np.concatenate(keep)]
     return (*cells.T, sigmoid(2 * values))
+
+
+def cell_surprise(logits: np.ndarray) -> np.ndarray:
+    """``[b]`` float64: for each row of span logits ``[b, ...]`` (GlobalPointer's ``[b, types, n, n]``, a GPLinker
+    module's), ``-log P`` of the cells as :func:`span_cells` decodes them, each cell read as the independent Bernoulli
+    ``p = sigmoid(2 * logit)`` that scores it (predicted where ``p > 0.5``): the sum over the cells of ``-log max(p,
+    1 - p) = log(1 + exp(-2 |logit|))``. A masked cell (its logit far below 0) adds nothing."""
+    logits = np.asarray(logits)
+    out = np.empty(len(logits), dtype=np.float64)
+    for b, row in enumerate(logits):  # a row at a time: the temporaries of [types, n, n], not of the whole batch
+        out[b] = np.log1p(np.exp(-2.0 * np.abs(row.astype(np.float32)))).sum(dtype=np.float64)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- taggers
@@ -157,6 +171,33 @@ def tag_probabilities(emissions: np.ndarray, tags: np.ndarray) -> np.ndarray:
     """``[b, n]``: the softmax probability of each position's tag in ``tags`` (``-1``: tag 0's, to be ignored)."""
     probs = softmax(np.asarray(emissions, dtype=np.float32))
     return np.take_along_axis(probs, np.maximum(tags, 0)[..., None], axis=-1)[..., 0]
+
+
+def crf_surprise(emissions: np.ndarray, lengths: Sequence[int], transitions: np.ndarray, start: np.ndarray,
+                 end: np.ndarray) -> np.ndarray:
+    """``[b]`` float64: ``log Z - best``, ``-log`` of the probability of each row's best tag path, for the arguments of
+    :func:`viterbi`. ``log Z`` is the log-sum-exp of the scores of every path (the forward algorithm, in log space),
+    ``best`` the score of the best one (:func:`viterbi`'s recursion, its max for the sum), both in float64 over the
+    same steps; with :func:`constrained` scores the paths that the constraints forbid add nothing (``exp(FORBIDDEN)``
+    is 0), so the probability is that of the decoded path among the allowed ones."""
+    em = np.asarray(emissions, dtype=np.float64)
+    b, n, _ = em.shape
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(b)
+    if n == 0 or (lengths < 1).any() or (lengths > n).any():
+        raise ValueError(f"every sequence needs 1 to {n} steps, got lengths {lengths.tolist()}")
+    trans = np.asarray(transitions, dtype=np.float64)[None]  # [1, from, to]
+    alpha = np.asarray(start, dtype=np.float64)[None] + em[:, 0]  # [b, L]: log-sum-exp of the paths so far
+    delta = alpha.copy()  # [b, L]: the best path so far
+    for t in range(1, int(lengths.max())):
+        real = (t < lengths)[:, None]
+        scores = alpha[:, :, None] + trans
+        top = scores.max(1)
+        alpha = np.where(real, top + np.log(np.exp(scores - top[:, None]).sum(1)) + em[:, t], alpha)
+        delta = np.where(real, (delta[:, :, None] + trans).max(1) + em[:, t], delta)
+    end = np.asarray(end, dtype=np.float64)[None]
+    last, best = alpha + end, (delta + end).max(1)
+    top = last.max(1)
+    return np.maximum(top + np.log(np.exp(last - top[:, None]).sum(1)) - best, 0.0)
 
 
 # ------------------------------------------------------------------------------------------------- GPLinker

@@ -389,6 +389,12 @@ class WindowedTask(Task):
         a decoder reads (:meth:`~zhie.model.Model.head_weights`)."""
         raise NotImplementedError
 
+    def surprise(self, model: Model, outputs: dict, attention_mask: np.ndarray) -> np.ndarray:
+        """How unsure the model is of what ``decode`` makes of the same ``outputs``: per row ``-log P`` of its decoded
+        prediction under the head's own probabilities, in nats (``zhie select``'s uncertainty:
+        :mod:`zhie.deploy.selection`). A task without it (the default) has no uncertainty to select by."""
+        raise NotImplementedError(f"the {self.name} task's predictions have no probability to select by")
+
     def predict(self, model: Model, texts: list[str], batch_size: int = 32, timings: dict | None = None,
                 max_tokens: int | None = None) -> list:
         """One prediction per text, in input order (long texts through overlapping windows); ``timings`` and

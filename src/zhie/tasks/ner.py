@@ -190,6 +190,11 @@ class NerTask(WindowedTask):
         weights = model.head_weights(self.head_name) if self.head_spec.crf else None
         return self.labeling.decode(outputs[self.head_name], attention_mask, weights)
 
+    def surprise(self, model, outputs: dict, attention_mask: np.ndarray) -> np.ndarray:
+        """``-log P`` of each row's decoded entities (tags), in nats (:mod:`zhie.tasks.ner_labels`, ``surprise``)."""
+        weights = model.head_weights(self.head_name) if self.head_spec.crf else None
+        return self.labeling.surprise(outputs[self.head_name], attention_mask, weights)
+
     def from_hits(self, texts: list[str], hits) -> list[list[Span]]:
         """Entities of each text, in input order (long texts through overlapping windows)."""
         if self.config.words:

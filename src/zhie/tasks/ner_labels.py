@@ -7,6 +7,11 @@ tokens (content token ``t`` sits at position ``t + 1``, after ``[CLS]``).
 Entity scores: GP/EGP ``sigmoid(2 * logit)`` (the calibrated probability of the MCE loss, spec §0.2);
 taggers: the mean over the entity's tokens of the softmax probability of their tags (for the CRF, of the
 emission scores).
+
+How sure a head is of a window's whole prediction (``surprise``, for ``zhie select``: :mod:`zhie.deploy.selection`):
+``-log P`` of what it decoded, in nats. GP/EGP: every cell an independent Bernoulli of ``sigmoid(2 * logit)``
+(:func:`zhie.core.decoding.cell_surprise`); CRF: ``log Z - score(Viterbi path)`` over the constrained paths; softmax:
+``-sum_t log max_tag p_t(tag)`` over the content tokens (the argmax path's probability).
 """
 
 from __future__ import annotations
@@ -106,6 +111,10 @@ class SpanLabels:
         for b, k, i, j, score in zip(*(a.tolist() for a in decoding.span_cells(logits, self.config.max_spans))):
             rows[b].append(TokenSpan(i - 1, j, k, score))
         return rows
+
+    def surprise(self, logits: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None) -> np.ndarray:
+        """``[b]``: ``-log P`` of each row's decoded cells (:func:`zhie.core.decoding.cell_surprise`)."""
+        return decoding.cell_surprise(logits)
 
     def soft_targets(self, logits: Tensor, batch: dict[str, Tensor], temperature: float) -> list:
         from zhie.losses.distill import soft_cells
@@ -224,6 +233,22 @@ class TagLabels:
         for row, start, end, label, p in zip(b.tolist(), s.tolist(), e.tolist(), k.tolist(), score.tolist()):
             rows[row].append(TokenSpan(start, end, self.span_label[label], p))
         return rows
+
+    def surprise(self, emissions: np.ndarray, attention_mask: np.ndarray, weights: dict | None = None) -> np.ndarray:
+        """``[b]``: ``-log P`` of each row's decoded tag path: for the CRF ``log Z - score(best path)`` over the
+        paths its constraints allow (:func:`zhie.core.decoding.crf_surprise`), for softmax ``-sum_t log max_tag
+        p_t(tag)`` over the content tokens (word-level tagging: every sub-word's, the untagged ones too)."""
+        lengths = attention_mask.sum(1) - 2
+        emissions = emissions[:, 1:]
+        if self.crf:
+            return decoding.crf_surprise(emissions, lengths, *decoding.constrained(
+                weights["crf.transitions"], weights.get("crf.start_transitions"), weights.get("crf.end_transitions"),
+                self.constraints))
+        x = np.asarray(emissions, dtype=np.float64)
+        top = x.max(-1)
+        log_best = -np.log(np.exp(x - top[..., None]).sum(-1))  # log of the largest softmax probability per token
+        valid = np.arange(x.shape[1])[None, :] < lengths[:, None]
+        return -np.where(valid, log_best, 0.0).sum(1)
 
 
 class WordLabels(TagLabels):

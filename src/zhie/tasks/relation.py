@@ -256,6 +256,13 @@ class RelationTask(WindowedTask):
                 for subjects, p, si, oi, objects, score in decoding.link_relations(
                     logits["entity"], logits["head_head"], logits["tail_tail"], c.max_spans, c.max_triples)]
 
+    def surprise(self, model, outputs: dict, attention_mask: np.ndarray) -> np.ndarray:
+        """``-log P`` of each row's decoded cells of the three modules, in nats: every cell of ``entity``,
+        ``head_head`` and ``tail_tail`` an independent Bernoulli of ``sigmoid(2 * logit)``, as the triples' scores
+        read them (:func:`zhie.core.decoding.cell_surprise`)."""
+        logits = outputs[self.head_name]
+        return sum(decoding.cell_surprise(logits[name]) for name in ("entity", "head_head", "tail_tail"))
+
     def from_hits(self, texts: list[str], hits) -> list[list[Triple]]:
         """Triples of each text, in input order (long texts through overlapping windows)."""
         found: list[dict] = [{} for _ in texts]

@@ -44,6 +44,10 @@ class RunOptions:
     unshare_layers: bool = option(False, "ALBERT: give every layer its own copy of the shared weights (spec 9.1)")
     keep_tokens: str = option("auto", "prune the encoder vocabulary (char mode): auto = cjk for vocabularies over 50k",
                               choices=KEEP_TOKENS)
+    from_model: str | None = option(None, "ner: start from this trained model (its encoder, head and settings); "
+                                          "entity types of --train that it lacks are added, and it keeps its own "
+                                          "types by teaching them on the new texts (gp/egp heads; no new type: "
+                                          "continued training)", flags=("--from",), metavar="MODEL")
 
 
 @dataclass

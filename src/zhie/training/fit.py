@@ -24,6 +24,7 @@ from zhie.tasks.base import Evaluator, Task
 from zhie.tasks.batching import seeded
 from zhie.tasks.encoder_prep import prepare_encoder
 
+from . import extend
 from .checkpoint import claims_out
 from .config import RunOptions, TrainConfig
 from .loop import train
@@ -40,7 +41,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = RunOptions.encoder,
         keep_tokens: str = RunOptions.keep_tokens, encoder_layers: int | None = RunOptions.encoder_layers,
         unshare_layers: bool = RunOptions.unshare_layers, format: str = RunOptions.format,
-        config: TrainConfig | None = None, resume: bool = True, progress: bool = True, **options) -> dict:
+        from_model: str | os.PathLike | None = RunOptions.from_model, config: TrainConfig | None = None,
+        resume: bool = True, progress: bool = True, **options) -> dict:
     """Train ``task`` (a registered name or class) on ``train_path``, keep the best model on ``dev_path`` in
     ``out/best``; returns the loop's summary (``best``, ``best_step``, ``steps``, ``history``).
 
@@ -49,15 +51,28 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     ``keep_tokens``, ``encoder_layers`` and ``unshare_layers`` (ALBERT) shape the encoder
     (:func:`~zhie.tasks.encoder_prep.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
     :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
+    ``from_model`` (``ner`` only): start from that trained model, adding the entity types of ``train_path`` that it
+    lacks and keeping its own (:mod:`zhie.training.extend`).
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     given = config = config or TrainConfig()  # given: as the caller set it, rates None (derived) included
     out = Path(out)
     train_examples, dev_examples = cls.read_splits(train_path, dev_path, format, **options)
-    task_config = cls.configure(train_examples, encoder=str(encoder), **options)
-    texts = cls.vocabulary_texts(train_examples + dev_examples, task_config)
-    enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode=task_config.mode, keep_tokens=keep_tokens,
-                                     layers=encoder_layers, seed=config.seed, unshare=unshare_layers)
+    ext = None
+    if from_model is not None:  # the old model's encoder, vocabulary and settings (zhie.training.extend)
+        ext = extend.prepare(cls, from_model, train_examples, encoder=str(encoder),
+                             default_encoder=RunOptions.encoder, options=options, keep_tokens=keep_tokens,
+                             default_keep_tokens=RunOptions.keep_tokens,
+                             encoder_layers=encoder_layers, unshare_layers=unshare_layers)
+        if config.rdrop is not None:
+            raise ValueError("--from with --rdrop: R-Drop regularises one task's plain loss; leave it out")
+        options, encoder, task_config = ext.options, ext.encoder, ext.config
+        enc, tokenizer = ext.model.encoder, ext.task.tokenizer
+    else:
+        task_config = cls.configure(train_examples, encoder=str(encoder), **options)
+        texts = cls.vocabulary_texts(train_examples + dev_examples, task_config)
+        enc, tokenizer = prepare_encoder(str(encoder), texts=texts, mode=task_config.mode, keep_tokens=keep_tokens,
+                                         layers=encoder_layers, seed=config.seed, unshare=unshare_layers)
     t = cls(task_config, tokenizer)
     config = config.resolved(enc.config.hidden_size, cls.base_lr)
     loop_config = t.loop_config(config)
@@ -65,6 +80,11 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     with seeded(config.seed):  # the same heads (and loss weights) in every run with this seed
         model = Model(enc, t.build_heads(enc.config.hidden_size))
         objective = t.objective(enc.config.hidden_size)
+    collate = t.collate
+    if ext is not None:
+        extend.copy_head(ext.model.heads[t.head_name], model.heads[t.head_name])
+        if ext.adds_types:  # the old types' soft targets: the old model's outputs on the items, stored in out
+            items, collate, objective = extend.lessons(ext, t, items, out, train_path, format, resume, progress)
     if config.rdrop is not None:
         if type(objective) is not TaskLoss:
             raise ValueError(f"R-Drop (--rdrop) applies to one task's plain loss; the {cls.name} task trains "
@@ -72,7 +92,9 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         objective = RDropLoss(t, config.rdrop, model.heads[t.head_name])
     evaluator = Evaluator(t, dev_examples)
     settings = {"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
-                "unshare_layers": unshare_layers, "format": format, **options}
+                "unshare_layers": unshare_layers, "format": format,
+                **({"from_model": str(from_model), "from_sha256": extend.model_hashes(ext.path),
+                    "new_labels": ext.new_labels} if ext is not None else {}), **options}
     files = cls.data_files(train_path, dev_path, **options)
     record = run_record(files, encoder=str(encoder), config=config, options=settings) if is_main_process() else {}
     identity = {"encoder": str(encoder), "vocab": len(tokenizer), "encoder_layers": enc.config.num_hidden_layers,
@@ -90,15 +112,17 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         write_run_config(out, f"train {cls.name}",
                          {**data, **({"format": format} if cls.data_flags else {}), "encoder": str(encoder),
                           "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
-                          "unshare_layers": unshare_layers, "out": str(out)},
+                          "unshare_layers": unshare_layers, "out": str(out),
+                          **({"from_model": str(from_model)} if from_model is not None else {})},
                          given, {"lr": config.lr, "head_lr": config.head_lr}, {cls.name: options})
         if progress:
             logger.info(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
                                    ensure_ascii=False))
-    result = train(model, items, collate=t.collate, loss_fn=objective, config=loop_config, out_dir=out,
+    result = train(model, items, collate=collate, loss_fn=objective, config=loop_config, out_dir=out,
                    evaluate=evaluator, metric=t.metric, save_best=saver(t, record, evaluator),
-                   lengths=[len(it.ids) for it in items] if t.group_by_length else None, resume=resume,
-                   progress=progress, train_log=objective.log if isinstance(objective, TaskLoss) else None,
+                   lengths=[len(getattr(it, "item", it).ids) for it in items] if t.group_by_length else None,
+                   resume=resume, progress=progress,
+                   train_log=objective.log if isinstance(objective, TaskLoss) else None,
                    step_log=objective.step_log if isinstance(objective, TaskLoss) else None,
                    hparams={"encoder": str(encoder), **data, **settings}, identity=identity)
     if is_main_process():  # a finished run's model and card stay as they were (finish() sees it)
