@@ -18,6 +18,11 @@
 7. Checks: the export read by zhie gives A's gold spans and the accepted B spans unchanged (offsets, labels, texts);
    the predictions Label Studio stored for B and C are what zhie predicts; the page highlights the predicted texts.
    Then ``zhie train ner --train EXPORT --dev EXPORT --format auto --encoder tiny --epochs 1`` trains from the export.
+8. The training loop (``zhie serve --retrain-dir``): the SDK's "Start Training" (``ls.ml.train``) makes Label Studio
+   send START_TRAINING to the backend, which fetches the project's annotations from Label Studio with the token it
+   was given at setup, trains a new version, scores both on the held-out tasks and swaps; meanwhile a client asks the
+   backend for predictions every 0.25 s (each failure counted); then Label Studio retrieves predictions again and
+   stores them under the version now served.
 
 A JSON line goes to ``results/label_studio.jsonl`` (``--no-results``: printed only, the screenshot in ``--work``).
 """
@@ -122,10 +127,25 @@ def sdk(plan_file: str) -> None:
                       selected_items={"all": False, "included": accepted})
     export = ls.projects.exports.as_json(project.id)
     Path(plan["export"]).write_text(json.dumps(export, ensure_ascii=False, indent=2), encoding="utf-8")
+    ls.ml.train(id=backend.id)  # Label Studio sends START_TRAINING to the backend's /webhook
     predictions = {name: [[{"model_version": p["model_version"], "score": p.get("score"), "result": p["result"]}
                            for p in stored[i]] for i in ids[name]] for name in ("texts", "predicted")}
     print(json.dumps({"project": project.id, "ids": ids, "accepted": accepted, "predictions": predictions,
-                      "backend": {"state": backend.state, "model_version": backend.model_version}}, ensure_ascii=False))
+                      "backend": {"id": backend.id, "state": backend.state, "model_version": backend.model_version}},
+                     ensure_ascii=False))
+
+
+def sdk_retrieve(plan_file: str) -> None:
+    """Run by the Label Studio venv's Python after the training: predictions retrieved again for the text tasks;
+    the model versions Label Studio stored for each."""
+    from label_studio_sdk.client import LabelStudio
+
+    plan = json.loads(Path(plan_file).read_text(encoding="utf-8"))
+    ls = LabelStudio(base_url=plan["url"], api_key=plan["token"])
+    ls.actions.create(id="retrieve_tasks_predictions", project=plan["project"],
+                      selected_items={"all": False, "included": plan["tasks"]})
+    stored = {t.id: t.predictions for t in ls.tasks.list(project=plan["project"], fields="all")}
+    print(json.dumps({"versions": [[p["model_version"] for p in stored[i]] for i in plan["tasks"]]}))
 
 
 # ---------------------------------------------------------------------------------------------------- the page
@@ -152,6 +172,33 @@ def screenshot(url: str, project: int, task: int, out: Path) -> list[str]:
         page.screenshot(path=str(out))
         browser.close()
     return highlighted
+
+
+# ---------------------------------------------------------------------------------------------------- the retraining
+RETRAIN_ARGS = "--epochs 6 --lr 2e-3 --head-lr 2e-3 --batch-size 8 --seed 0"
+
+
+def watch_training(backend: str, texts: list[str], seconds: float = 900) -> dict:
+    """Ask ``backend`` for predictions every 0.25 s until its training has ended; the training's line, the answers
+    and failures counted, and the versions that answered."""
+    tasks = [{"id": i, "data": {"text": t}} for i, t in enumerate(texts)]
+    body = json.dumps({"tasks": tasks, "label_config": CONFIG}).encode("utf-8")
+    answers, failures, versions, start = 0, [], set(), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        with urllib.request.urlopen(f"{backend}/versions", timeout=30) as answer:
+            report = json.loads(answer.read())
+        if report["state"] == "idle" and report["versions"] and not report["queued"]:
+            return {"line": report["versions"][-1], "predict_requests": answers, "failed_requests": failures,
+                    "versions_answering": sorted(versions)}
+        request = urllib.request.Request(f"{backend}/predict", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                versions.add(json.loads(answer.read())["model_version"])
+        except OSError as err:
+            failures.append(str(err))
+        answers += 1
+        time.sleep(0.25)
+    raise RuntimeError(f"the backend's training did not end within {seconds:.0f} s: {report}")
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -190,12 +237,12 @@ def run(work: Path, venv: Path, screenshot_path: Path) -> dict:
     write_ner_jsonl(nested_corpus(160, seed=1), work / "train.jsonl")
     write_ner_jsonl(nested_corpus(30, seed=2), work / "dev.jsonl")
     zhie_cli("train", "ner", "--train", str(work / "train.jsonl"), "--dev", str(work / "dev.jsonl"),
-             "--encoder", "tiny", "--head", "egp", "--epochs", "6", "--lr", "2e-3", "--head-lr", "2e-3",
+             "--encoder", "tiny", "--head", "egp", "--epochs", "3", "--lr", "2e-3", "--head-lr", "2e-3",
              "--max-length", "64", "--out", str(work / "model"), "--quiet")
     model = work / "model" / "best"
     seconds["train_model"] = round(time.perf_counter() - start, 1)
 
-    gold = [NerExample(ex.text, sorted(ex.spans)) for ex in nested_corpus(8, seed=7)]
+    gold = [NerExample(ex.text, sorted(ex.spans)) for ex in nested_corpus(80, seed=7)]  # 80 annotated tasks
     texts = [ex.text for ex in nested_corpus(6, seed=8)] + [EMOJI_TEXT]  # B: the emoji text is the page's
     (work / "c.txt").write_text("\n".join(ex.text for ex in nested_corpus(5, seed=9)) + "\n", encoding="utf-8")
     zhie_cli("predict", str(model), "--input", str(work / "c.txt"), "--output-format", "label-studio",
@@ -218,7 +265,8 @@ def run(work: Path, venv: Path, screenshot_path: Path) -> dict:
         serve_log = work / "serve.log"
         with open(serve_log, "wb") as f:
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "zhie", "serve", str(model), "--port", str(backend_port)], stdout=f,
+                [sys.executable, "-m", "zhie", "serve", str(model), "--port", str(backend_port), "--retrain-dir",
+                 str(work / "versions"), "--retrain-args", RETRAIN_ARGS], stdout=f,
                 stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")}))
         seconds["label_studio_start"] = round(wait_for(f"{url}/health", processes[0], 600, log), 1)
         wait_for(f"http://127.0.0.1:{backend_port}/label-studio/health", processes[1], 300, serve_log)
@@ -238,6 +286,18 @@ def run(work: Path, venv: Path, screenshot_path: Path) -> dict:
             raise RuntimeError(f"the SDK steps failed:\n{answer.stderr[-4000:]}")
         done = json.loads(answer.stdout.strip().splitlines()[-1])
         seconds["sdk_steps"] = round(time.perf_counter() - start, 1)
+
+        start = time.perf_counter()
+        retraining = watch_training(f"http://127.0.0.1:{backend_port}/label-studio", texts)
+        seconds["retraining"] = round(time.perf_counter() - start, 1)
+        again = {"url": url, "token": token, "project": done["project"], "tasks": done["ids"]["texts"]}
+        (work / "again.json").write_text(json.dumps(again), encoding="utf-8")
+        answer = subprocess.run([str(venv / "bin" / "python"), __file__, "--sdk-retrieve", str(work / "again.json")],
+                                capture_output=True, text=True, check=False, cwd=work)
+        if answer.returncode != 0:
+            raise RuntimeError(f"retrieving predictions again failed:\n{answer.stderr[-4000:]}")
+        stored_versions = json.loads(answer.stdout.strip().splitlines()[-1])["versions"]
+        retraining["stored_after"] = sorted({v[-1] for v in stored_versions if v})
 
         page_task = done["ids"]["texts"][-1]  # the emoji text, its prediction not accepted
         start = time.perf_counter()
@@ -289,6 +349,7 @@ def run(work: Path, venv: Path, screenshot_path: Path) -> dict:
             "spans_checked": sum(n for n, _ in checks.values()),
             "spans_unchanged": sum(ok for _, ok in checks.values()),
             "trained_from_export": {"labels": labels, "dev_f1": round(best["best"]["f1"], 4)},
+            "retraining": retraining,
             "max_score_difference": round(score_diff, 6), "page_highlights": highlighted,
             "screenshot": str(screenshot_path.relative_to(ROOT) if screenshot_path.is_relative_to(ROOT) else
                               screenshot_path), "seconds": seconds,
@@ -302,9 +363,10 @@ def main() -> int:
     p.add_argument("--no-results", action="store_true",
                    help="print the row only; the screenshot goes to --work (what the pytest test runs)")
     p.add_argument("--sdk", default=None, help=argparse.SUPPRESS)  # the Label Studio venv's side
+    p.add_argument("--sdk-retrieve", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.sdk:
-        sdk(args.sdk)
+    if args.sdk or args.sdk_retrieve:
+        sdk(args.sdk) if args.sdk else sdk_retrieve(args.sdk_retrieve)
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="zhie-label-studio-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -323,7 +385,12 @@ def main() -> int:
         print(json.dumps(row, ensure_ascii=False))
     else:
         append_result("label_studio", row)
-    ok = row["spans_unchanged"] == row["spans_checked"] > 0 and row["max_score_difference"] <= 1e-3
+    line = row["retraining"]["line"]
+    ok = row["spans_unchanged"] == row["spans_checked"] > 0 and row["max_score_difference"] <= 1e-3 and \
+        not row["retraining"]["failed_requests"] and "held_out_f1_new" in line and \
+        row["retraining"]["stored_after"] == [line.get("model_version", row["backend"]["model_version"])]
+    print(f"retraining: {line['outcome']}; {row['retraining']['predict_requests']} prediction requests meanwhile, "
+          f"{len(row['retraining']['failed_requests'])} failed", file=sys.stderr)
     print(f"{row['spans_unchanged']} of {row['spans_checked']} spans went around the loop unchanged", file=sys.stderr)
     return 0 if ok else 1
 

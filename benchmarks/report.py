@@ -6,7 +6,7 @@ only scatter the tables.
     python benchmarks/report.py                  # print every table, each under its name
     python benchmarks/report.py --write          # rewrite every marked table of RESULTS.md in place
     python benchmarks/report.py --check          # exit 1, naming them, if a marked table differs from its rows
-    python benchmarks/report.py --plot           # redraw results/tradeoff.png
+    python benchmarks/report.py --plot           # redraw results/tradeoff.png and results/active_learning.png
 
 A table of RESULTS.md stands between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``, each on a line of its
 own; NAME is a key of :data:`TABLES`, whose function makes the table from the JSON lines. Edit the rows or this file,
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -324,6 +325,44 @@ def students_table(section: str = "s/") -> str:
                          line.get("device") or "2-core CPU"])
     return table(["row", "student", "unlabelled texts", "dev F1 (per epoch)", "s per epoch", "train tok/s", "ran on"],
                  body, right="25")
+
+
+# --- new entity types without forgetting (benchmarks/forgetting.py) -----------------------------------------------
+
+FORGETTING_MODELS = {"old": "{old} old types only (their annotation pass)",
+                     "extend": "extended with the {new} new (`--from`: the old model teaches its types)",
+                     "naive": "naive fine-tuning on the new labels (`--old-types gold`)",
+                     "all-types": "all {all} at once"}
+
+
+def forgetting_table(lines: list[dict] | None = None) -> str:
+    """``benchmarks/forgetting.py``'s ``eval`` lines (default: ``results/forgetting.jsonl``'s and the campaign's
+    ``f/`` rows'), one table row per model of each evaluation (its run directory; a rerun's line replaces the
+    earlier one): the micro-F1 over the old types, the new ones and all, and the old types' change against the model
+    of all the types at once of the same evaluation. No evaluation, no table (a line saying so)."""
+    if lines is None:
+        lines = rows("forgetting.jsonl") + [r for line in campaign("f/") for r in line["results"]]
+    evals = [r for r in lines if r.get("step") == "eval"]
+    if not evals:
+        return "_No rows yet: the campaign's `f/` rows (`benchmarks/forgetting.py`) have not run._"
+    runs: dict[str, dict[str, dict]] = {}
+    for r in evals:
+        runs.setdefault(r["run"], {})[r["model"]] = r
+    n_old, n_new = len(evals[0]["old_types"]), len(evals[0]["new_types"])
+    body = []
+    for models in runs.values():
+        reference = models.get("all-types")
+        for name, label in FORGETTING_MODELS.items():
+            if name not in models:
+                continue
+            r = models[name]
+            change = (signed(100 * (r["old_micro"]["f1"] - reference["old_micro"]["f1"]))
+                      if reference is not None and name != "all-types" else "–")
+            new = pct(r["new_micro"]["f1"]) if set(r["new_types"]) & set(r["types"]) else "–"
+            body.append([label.format(old=n_old, new=n_new, all=n_old + n_new), r["trained"]["seed"],
+                         pct(r["old_micro"]["f1"]), new, pct(r["all_micro"]["f1"]), change])
+    return table(["model", "seed", f"old types ({n_old}) micro-F1", f"new types ({n_new}) micro-F1",
+                  f"all {n_old + n_new} micro-F1", "old types against all at once"], body, right="12345")
 
 
 def rss(r: dict) -> str:
@@ -802,6 +841,114 @@ def peers_train_table() -> str:
                   "GFLOP/s of the measured peak (%)", "clock, machine, date"], body)
 
 
+# --- active learning (benchmarks/active_learning.py) ---------------------------------------------------------------
+
+AL_STRATEGIES = ("random", "uncertainty", "diversity", "uncertainty-diversity")
+
+
+def al_rounds(distilled: bool = False) -> list[dict]:
+    """The rounds of ``benchmarks/active_learning.py``: the campaign's (keys ``al/``) and ``active_learning.jsonl``'s,
+    smoke runs on the tiny encoder left out, each round once (a resumed or continued run prints its done rounds
+    again; the last line counts). ``distilled``: the rounds with ``--teacher-labelled``, one per N; else the gold
+    models', which a ``--teacher-labelled`` run in the same run directory shares."""
+    unique = {}
+    for r in [r for line in campaign("al/") for r in line["results"]] + rows("active_learning.jsonl"):
+        if r.get("encoder") != "tiny" and (r["teacher_labelled"] > 0 or not distilled):
+            key = (r["dataset"], r["strategy"], r["seed"], r["size"], r["head"], r["encoder"], r["min_steps"])
+            unique[(*key, r["teacher_labelled"]) if distilled else key] = r
+    return list(unique.values())
+
+
+def al_reference(dataset: str, rounds: list[dict]) -> tuple[list[float], str]:
+    """The full-data dev F1s of ``dataset`` and where they come from: the benchmark's own rounds on the whole pool
+    (one per seed), else the campaign's 3-epoch GP teacher rows (``s/DATASET/teacher-gp/``)."""
+    full = {r["seed"]: r["dev_f1"] for r in rounds if r["dataset"] == dataset and r["share"] == 1}
+    if full:
+        return list(full.values()), "all labelled"
+    teachers = [line["results"][-1] for line in campaign(f"s/{dataset}/teacher-gp/")]
+    return [r["dev_f1"] for r in teachers if r.get("head") == "gp" and r.get("epochs") == 3], "3-epoch GP teachers"
+
+
+def _al_curves(rounds: list[dict], field: str) -> dict[tuple, dict[str, list[float]]]:
+    """``{(dataset, size, pool, teacher_labelled): {strategy: [field of each seed]}}`` of the rounds short of the
+    whole pool (teacher_labelled 0 for the gold models' ``dev_f1``)."""
+    curves: dict[tuple, dict[str, list[float]]] = {}
+    for r in rounds:
+        if r["share"] < 1 and r.get(field) is not None:
+            key = (r["dataset"], r["size"], r["pool"], r["teacher_labelled"] if field == "distilled_f1" else 0)
+            curves.setdefault(key, {}).setdefault(r["strategy"], []).append(r[field])
+    return curves
+
+
+def active_learning_table() -> str:
+    """Dev F1 against labelled sentences, mean ± sample std over the seeds (their number), one column per strategy;
+    per dataset the full-data F1 and, per strategy, the smallest size whose mean reaches it minus 1.0 (issue 52's
+    "done when"); then the models distilled with teacher-labelled pool texts."""
+    gold, distilled = al_rounds(), al_rounds(distilled=True)
+    curves = {**_al_curves(gold, "dev_f1"), **_al_curves(distilled, "distilled_f1")}
+    if not curves:
+        return "_No rows yet: the campaign's `al/` rows (`benchmarks/active_learning.py`) have not run._"
+    strategies = [s for s in AL_STRATEGIES if any(s in by for by in curves.values())]
+    body = []
+    for dataset in dict.fromkeys(key[0] for key in sorted(curves)):
+        sizes = sorted(key for key in curves if key[0] == dataset)
+        for _, size, pool, n in sizes:
+            label = f"{size:,} ({100 * size / pool:.1f}%)" + (f" + {n:,} teacher-labelled" if n else "")
+            by = curves[dataset, size, pool, n]
+            body.append([DATASETS[dataset], label, *(f"{_mean_std(by[s])} ({len(by[s])})" if s in by else "–"
+                                                      for s in strategies)])
+        full, source = al_reference(dataset, gold)
+        if not full:
+            continue
+        target = sum(full) / len(full) - 0.01
+        body.append([DATASETS[dataset], f"all {sizes[0][2]:,} ({source}): {_mean_std(full)} ({len(full)})",
+                     *([""] * len(strategies))])
+        reached = []
+        for s in strategies:
+            hits = [(size, pool) for _, size, pool, n in sizes if not n and s in curves[dataset, size, pool, n]
+                    and sum(curves[dataset, size, pool, n][s]) / len(curves[dataset, size, pool, n][s]) >= target]
+            reached.append(f"**{hits[0][0]:,}** ({100 * hits[0][0] / hits[0][1]:.1f}%)" if hits else "not reached")
+        body.append([DATASETS[dataset], f"reaches full − 1.0 ({100 * target:.2f})", *reached])
+    return table(["dataset", "labelled sentences (share of the pool)", *strategies], body)
+
+
+def active_learning_plot(path: Path) -> None:
+    """Dev F1 against labelled sentences (log scale), one panel per dataset, one line per strategy (mean, the seeds'
+    sample std as error bars), with the full-data F1 and it minus 1.0 as horizontal lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gold = al_rounds()
+    curves = _al_curves(gold, "dev_f1")
+    datasets = list(dict.fromkeys(key[0] for key in sorted(curves) if not key[3]))
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
+    for ax, dataset in zip(axes[0], datasets):
+        sizes = sorted(key for key in curves if key[0] == dataset and not key[3])
+        for strategy in AL_STRATEGIES:
+            points = [(key[1], curves[key][strategy]) for key in sizes if strategy in curves[key]]
+            if points:
+                ax.errorbar([s for s, _ in points], [100 * statistics.mean(v) for _, v in points],
+                            yerr=[100 * statistics.stdev(v) if len(v) > 1 else 0 for _, v in points], marker="o",
+                            capsize=3, label=strategy)
+        full, source = al_reference(dataset, gold)
+        if full:
+            mean = 100 * sum(full) / len(full)
+            ax.axhline(mean, color="grey", linewidth=1, label=f"full data ({source})")
+            ax.axhline(mean - 1, color="grey", linewidth=1, linestyle="--", label="full data − 1.0")
+        ax.set_xscale("log")
+        ax.set_xticks([key[1] for key in sizes], [f"{key[1]:,}" for key in sizes])
+        ax.minorticks_off()
+        ax.set_title(DATASETS[dataset])
+        ax.set_xlabel("labelled sentences (log scale)")
+        ax.set_ylabel("dev F1")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 # --- the marked tables of RESULTS.md -------------------------------------------------------------------------------
 
 TABLES: dict[str, Callable[[], str]] = {
@@ -825,6 +972,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tradeoff": tradeoff_table,
     "readme-students": readme_students_table,
     "students": students_table,
+    "forgetting": forgetting_table,
     "startup": startup_table,
     "serve": serve_table,
     "export": lambda: export_table("g/export-opset23/cluener-gp", "g/export-opset23/pd-gp"),
@@ -845,6 +993,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "encoders": encoders_table,
     "pretrain": pretrain_table,
     "finetune": finetune_table,
+    "active-learning": active_learning_table,
 }
 
 
@@ -868,11 +1017,14 @@ def main(argv: list[str] | None = None) -> int:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--write", action="store_true", help="rewrite the marked tables of RESULTS.md in place")
     what.add_argument("--check", action="store_true", help="exit 1 if a marked table differs from its rows")
-    what.add_argument("--plot", action="store_true", help="redraw results/tradeoff.png")
+    what.add_argument("--plot", action="store_true",
+                      help="redraw results/tradeoff.png (and results/active_learning.png once it has rows)")
     p.add_argument("--doc", type=Path, default=DOC, help="the document (default: %(default)s)")
     args = p.parse_args(argv)
     if args.plot:
         tradeoff_plot(RESULTS / "tradeoff.png")
+        if al_rounds():
+            active_learning_plot(RESULTS / "active_learning.png")
         return 0
     if not (args.write or args.check):
         for name, make in TABLES.items():

@@ -1,6 +1,7 @@
 """New entity types without forgetting (issue 52): ``zhie train ner --from MODEL`` on data of a type the model lacks
 gives one model of every type that keeps the old types (the old model's soft targets on the new texts), better than
-naive fine-tuning on the new data; what cannot be merged is refused; the run's ``config.toml`` reruns it."""
+naive fine-tuning on the new data (``--old-types gold``: gold zeros for the old types, no soft targets); what cannot be
+merged is refused; the run's ``config.toml`` reruns it."""
 
 from __future__ import annotations
 
@@ -49,22 +50,20 @@ def f1s(model: Path, data: Path) -> dict[str, float]:
     return {label: m["f1"] for label, m in metrics["per_type"].items()}
 
 
-def extended(data: Path, out: str) -> Path:
+def extended(data: Path, out: str, old_types: str = "model") -> Path:
     zhie.fit("ner", data / "new.jsonl", data / "new.jsonl", out=data / out, head="gp", max_length=48,
-             from_model=data / "old" / "best", config=config(4), resume=False, progress=False)
+             from_model=data / "old" / "best", old_types=old_types, config=config(4), resume=False, progress=False)
     return data / out / "best"
 
 
-def test_extended_model_learns_the_new_type_and_keeps_the_old_ones_better_than_naive_fine_tuning(data, monkeypatch):
+def test_extended_model_learns_the_new_type_and_keeps_the_old_ones_better_than_naive_fine_tuning(data):
     old = f1s(data / "old" / "best", data)
     assert min(old[t] for t in OLD_TYPES) > 0.6, old  # a model worth keeping
     ours = f1s(extended(data, "ours"), data)
     assert zhie.load(data / "ours" / "best").task.config.labels == ["LOC", "PER", "ORG"]  # old types keep their rows
     # naive: the same start and steps, every type taught by the new data's gold labels (old types: learnt as absent)
-    plain = extend.ExtendObjective
-    monkeypatch.setattr(extend, "ExtendObjective",
-                        lambda task, gold: plain(task, list(range(len(task.config.labels)))))
-    naive = f1s(extended(data, "naive"), data)
+    naive = f1s(extended(data, "naive", old_types="gold"), data)
+    assert not (data / "naive" / "teacher").exists() and (data / "ours" / "teacher" / "targets.pt").is_file()
     print({"old": old, "extended": ours, "naive": naive})
     assert ours["ORG"] > 0.5, ours
     for t in OLD_TYPES:
@@ -141,3 +140,73 @@ def test_copy_head_keeps_the_old_types_rows_of_every_ner_head():
         torch.testing.assert_close(new(x)[..., :5], old(x))
         for name, value in old.state_dict().items():  # the CRF's transitions among the old tags too
             torch.testing.assert_close(new.state_dict()[name][tuple(slice(0, n) for n in value.shape)], value)
+
+
+def run_parts(data: Path, out: Path, old_types: str):
+    """What :func:`zhie.fit` trains when it extends the old model with ``new.jsonl`` (ORG only): the old model's
+    :class:`~zhie.training.extend.Extension`, the new model (its head's old rows copied, in eval mode) and what
+    :func:`extend.training` gives: the items, their collate function and the objective."""
+    from zhie import tasks
+    from zhie.model import Model
+    from zhie.training.config import RunOptions
+
+    cls = tasks.get("ner")
+    examples = cls.read(data / "new.jsonl")
+    ext = extend.prepare(cls, data / "old" / "best", examples, encoder=RunOptions.encoder,
+                         default_encoder=RunOptions.encoder, options={"head": "gp", "max_length": 48},
+                         keep_tokens=RunOptions.keep_tokens, default_keep_tokens=RunOptions.keep_tokens,
+                         encoder_layers=None, unshare_layers=False, old_types=old_types)
+    t = cls(ext.config, ext.task.tokenizer)
+    items = t.encode(examples)
+    hidden = ext.model.encoder.config.hidden_size
+    model = Model(ext.model.encoder, t.build_heads(hidden))
+    extend.copy_head(ext.model.heads[t.head_name], model.heads[t.head_name])
+    trained = extend.training(ext, t, items, t.objective(hidden), out, data / "new.jsonl", "auto", False, False)
+    return ext, model.eval(), trained
+
+
+def test_naive_fine_tuning_gives_the_old_types_gold_zeros_and_extending_the_old_model_s_soft_targets(data, tmp_path):
+    import torch
+
+    from zhie.losses import TaskLoss
+    from zhie.losses.distill import SPAN_MIN_PROB, span_soft_loss
+
+    n_old = len(OLD_TYPES)
+    for old_types in ("gold", "model"):
+        ext, model, (items, collate, objective) = run_parts(data, tmp_path / old_types, old_types)
+        assert ext.config.labels == ["LOC", "PER", "ORG"] and ext.adds_types
+        batch = collate(items[:16])
+        name = ext.task.head_name
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[name])[name]
+            old = ext.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[name])[name]
+            loss = objective(model, batch)
+        gold = extend.gold_targets(batch["labels"], logits)
+        assert gold[:, :n_old].sum() == 0 and gold[:, n_old:].sum() > 0  # new.jsonl labels ORG alone
+        if old_types == "gold":  # naive: no soft targets anywhere; every type, the old ones included, learns gold
+            assert not ext.teaches and ext.gold_labels == ext.config.labels
+            assert type(objective) is TaskLoss and "soft_cells" not in batch
+            assert not (tmp_path / "gold" / "teacher").exists()  # the old model labelled nothing
+            target = gold
+        else:  # the old model's probabilities for LOC and PER, gold for ORG
+            assert ext.teaches and ext.gold_labels == ["ORG"]
+            assert isinstance(objective, extend.ExtendObjective) and "soft_cells" in batch
+            target = objective.targets(batch, logits)
+            torch.testing.assert_close(target[:, n_old:], gold[:, n_old:])
+            probs = torch.sigmoid(2 * old)
+            expected = torch.where(probs >= SPAN_MIN_PROB, probs, torch.zeros_like(probs))
+            torch.testing.assert_close(target[:, :n_old], expected, atol=2e-3, rtol=0)
+            assert target[:, :n_old].max() > 0.9  # the texts' PER and LOC mentions, unlabelled, taught as entities
+        torch.testing.assert_close(loss, span_soft_loss(logits, target).mean(), atol=1e-4, rtol=1e-4)
+
+
+def test_old_types_gold_is_in_the_run_s_config_and_refused_without_from(data, capsys):
+    assert main(["train", "ner", "--from", str(data / "old"), "--old-types", "gold", "--train",
+                 str(data / "new.jsonl"), "--dev", str(data / "new.jsonl"), "--out", str(data / "g1"), "--max-steps",
+                 "1", "--quiet"]) == 0
+    assert 'old_types = "gold"' in (data / "g1" / "config.toml").read_text(encoding="utf-8")
+    assert not (data / "g1" / "teacher").exists()
+    err = refusal(["train", "ner", "--old-types", "gold", "--train", str(data / "new.jsonl"), "--dev",
+                   str(data / "new.jsonl"), "--encoder", "tiny", "--out", str(data / "g2"), "--max-steps", "1",
+                   "--quiet"], capsys)
+    assert "--old-types gold: only with --from MODEL" in err, err

@@ -19,7 +19,7 @@ from zhie.core import config_file
 from zhie.core.options import option_fields
 from zhie.data import write_ner_jsonl
 from zhie.deploy.export import ExportOptions
-from zhie.deploy.serve import Batching, Limits, ServeOptions
+from zhie.deploy.serve import Batching, Limits, Retraining, ServeOptions
 from zhie.training import TrainConfig
 from zhie.training.config import RunOptions, default_lr
 from zhie.training.mtmt import MTMT_BATCH, MtmtOptions
@@ -35,7 +35,7 @@ JOBS = {
     "distill mtmt": (["distill", "mtmt"], [MtmtOptions, TrainConfig], {"batch_size": MTMT_BATCH}),
     "pretrain": (["pretrain"], [PretrainConfig], {}),
     "export": (["export"], [ExportOptions], {}),
-    "serve": (["serve"], [ServeOptions, Batching, Limits], {}),
+    "serve": (["serve"], [ServeOptions, Batching, Limits, Retraining], {}),
 }
 # the flags of a job that are no field of its dataclasses: re's --schema, similarity's --prefix, multitask's, and
 # pretrain's data, encoder and output, which have no default (device: the machine's)

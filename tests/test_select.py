@@ -220,6 +220,26 @@ def test_diversity_never_picks_two_near_duplicates_while_others_are_left(pool, s
     assert all(alike[i, j] <= 0.7 for i, j in itertools.combinations(first, 2))
 
 
+def test_texts_labelled_before_are_left_out_and_kept_at_a_distance(tmp_path, capsys):
+    """--labelled: its texts are not chosen again, and the diversity strategies pick no near-copy of one of them while
+    a text unlike them is left."""
+    texts = [ex.text for ex in nested_corpus(30, seed=23)]
+    near = [t + "。" for t in texts[:5]]  # a near-copy of each of the first five
+    labelled, pool = texts[:5], near + texts[5:]
+    for strategy in ("diversity", "uncertainty-diversity"):
+        uncertainty = np.r_[np.ones(5), np.zeros(len(pool) - 5)]  # the near-copies are the most uncertain
+        picked = [pool[i] for i in choose(pool, 5, strategy, uncertainty, labelled=labelled).indices]
+        assert not set(picked) & set(near), (strategy, picked)
+        assert set(near) & {pool[i] for i in choose(pool, 5, strategy, uncertainty).indices}  # without: picked
+    code, out, _ = select(trained("ner-crf"), "--pool", write_pool(tmp_path / "pool.txt", texts), "--budget", 25,
+                          "--strategy", "diversity", "--labelled", write_pool(tmp_path / "done.txt", labelled),
+                          capsys=capsys)
+    assert code == 0 and sorted(out.splitlines()) == sorted(texts[5:])
+    code, _, err = select(trained("ner-crf"), "--pool", write_pool(tmp_path / "pool.txt", texts), "--budget", 26,
+                          "--labelled", tmp_path / "done.txt", capsys=capsys)
+    assert code == 2 and "25 distinct text(s)" in err
+
+
 def test_exact_duplicates_count_once_and_the_cli_never_writes_one_twice(tmp_path, capsys):
     texts = [ex.text for ex in nested_corpus(6, seed=22)]
     pool = write_pool(tmp_path / "pool.txt", texts * 3 + [" "] + [""])

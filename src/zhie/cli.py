@@ -49,7 +49,7 @@ def _train_flags(p: argparse.ArgumentParser, data: bool = True, extends: bool = 
     from zhie.training.config import RunOptions, add_session_flags, add_train_flags
 
     names = [f.name for f in option_fields(RunOptions) if (data or f.name not in ("train", "dev", "format"))
-             and (f.name != "from_model" or extends)]  # --from: zhie train ner's (zhie.training.extend)
+             and (f.name not in ("from_model", "old_types") or extends)]  # zhie train ner's (zhie.training.extend)
     add_flags(p, RunOptions, names)
     for action in p._actions:  # given on the command line or by --config FILE
         action.required = action.dest in ("train", "dev", "out")
@@ -220,6 +220,7 @@ def _serve_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
     add_flags(sv, serve.ServeOptions)
     add_flags(sv.add_argument_group("request batching"), serve.Batching)
     add_flags(sv.add_argument_group("limits"), serve.Limits)
+    add_flags(sv.add_argument_group("new versions from Label Studio (a NER model)"), serve.Retraining)
     add_config_flags(sv, "serve")
 
 
@@ -265,12 +266,13 @@ def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None
 
 def cmd_train(args) -> None:
     import zhie
-    from zhie.training.config import config_from_flags
+    from zhie.training.config import RunOptions, config_from_flags
 
     return zhie.fit(args.task_class, getattr(args, "train", None), getattr(args, "dev", None), out=args.out,
                     encoder=args.encoder, keep_tokens=args.keep_tokens, encoder_layers=args.encoder_layers,
                     unshare_layers=args.unshare_layers, format=getattr(args, "format", "auto"),
-                    from_model=getattr(args, "from_model", None), config=config_from_flags(args),
+                    from_model=getattr(args, "from_model", None),
+                    old_types=getattr(args, "old_types", RunOptions.old_types), config=config_from_flags(args),
                     resume=not args.no_resume, progress=not args.quiet,
                     **{dest: getattr(args, dest) for dest in args.task_options})
 
@@ -441,7 +443,8 @@ def cmd_serve(args) -> None:
     serve.serve(args.model, host=args.host, port=args.port, batching=serve.Batching(**values_from_flags(
                     args, serve.Batching)), limits=serve.Limits(**values_from_flags(args, serve.Limits)),
                 api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
-                precision=args.precision, max_connections=args.max_connections)
+                precision=args.precision, max_connections=args.max_connections,
+                retraining=serve.Retraining(**values_from_flags(args, serve.Retraining)))
 
 
 def cmd_export(args) -> None:

@@ -133,6 +133,9 @@ class SelectOptions:
                                         "Jaccard similarity to one picked is above this while another is left (1: no "
                                         "limit)", type=fraction, metavar="S")
     seed: int = option(0, "random: the draw; diversity: the order that breaks ties")
+    labelled: str | None = option(None, "texts labelled already (as --pool holds them, or a training file with a "
+                                        "'text' field): left out of the pool, and the diversity strategies keep the "
+                                        "texts chosen unlike them too", metavar="FILE")
     pool_format: str = option("auto", "how --pool holds its texts, as zhie predict's --input-format: text, jsonl, or "
                                       "auto", choices=TEXT_FORMATS)
     task: str | None = option(None, "a multi-task model: the member to choose for (its name)")
@@ -152,14 +155,14 @@ class Pool:
     lines: int  # non-blank lines read
 
 
-def read_pool(path: str, format: str = "auto", plain_lines: bool = False) -> Pool:
+def read_pool(path: str, format: str = "auto", plain_lines: bool = False, what: str = "--pool") -> Pool:
     """The distinct texts of the file ``path`` (:func:`zhie.data.base.iter_texts`: one text per line, or JSON lines
     with a string field "text"), blank lines left out. Refused, with the line: a JSON list, a file of sentence pairs
     with labels, and with ``plain_lines`` a text holding a line break (which a file of one text a line cannot
     keep)."""
     if not Path(path).is_file():
-        what = "a directory" if Path(path).is_dir() else "no such file"
-        raise FileNotFoundError(f"--pool {path}: {what}; give a file of texts, one per line (or JSON lines with a "
+        kind = "a directory" if Path(path).is_dir() else "no such file"
+        raise FileNotFoundError(f"{what} {path}: {kind}; give a file of texts, one per line (or JSON lines with a "
                                 "string field 'text')")
     with open(path, "rb") as f:
         if f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
@@ -316,9 +319,11 @@ class Choice:
 
 def choose(texts: Sequence[str], budget: int, strategy: str = SelectOptions.strategy,
            uncertainty: np.ndarray | None = None, diversity: float = SelectOptions.diversity,
-           max_similarity: float = SelectOptions.max_similarity, seed: int = SelectOptions.seed) -> Choice:
+           max_similarity: float = SelectOptions.max_similarity, seed: int = SelectOptions.seed,
+           labelled: Sequence[str] = ()) -> Choice:
     """Pick ``budget`` of the distinct ``texts`` by ``strategy`` (see the module's doc); ``uncertainty``: one number per
-    text (:func:`uncertainties`), needed by the uncertainty strategies."""
+    text (:func:`uncertainties`), needed by the uncertainty strategies; ``labelled``: texts labelled already, which
+    the diversity strategies count as picked (a text like one of them is as unwelcome as one like a text picked)."""
     m = len(texts)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
@@ -333,12 +338,16 @@ def choose(texts: Sequence[str], budget: int, strategy: str = SelectOptions.stra
         return Choice(rng.choice(m, budget, replace=False).tolist())
     if strategy == "uncertainty":
         return Choice(np.lexsort((np.arange(m), -np.asarray(uncertainty)))[:budget].tolist())
-    index = NgramIndex(texts)
+    known = set(texts)
+    before = list(dict.fromkeys(t for t in labelled if t not in known))
+    index = NgramIndex([*texts, *before])
     weight = 1.0 if strategy == "diversity" else diversity
     base = np.zeros(m) if strategy == "diversity" else (1.0 - weight) * ranks(np.asarray(uncertainty))
     tiebreak = np.empty(m, dtype=np.int64)
     tiebreak[rng.permutation(m)] = np.arange(m)
-    closest = np.zeros(m)  # each text's largest similarity to a text picked
+    closest = np.zeros(m)  # each text's largest similarity to a text picked (or labelled before)
+    for k in range(m, m + len(before)):
+        np.maximum(closest, index.similarity(k)[:m], out=closest)
     open_ = np.ones(m, dtype=bool)
     picked, relaxed = [], 0
     for _ in range(budget):
@@ -350,7 +359,7 @@ def choose(texts: Sequence[str], budget: int, strategy: str = SelectOptions.stra
         pick = int(best[np.argmin(tiebreak[best])])
         picked.append(pick)
         open_[pick] = False
-        np.maximum(closest, index.similarity(pick), out=closest)
+        np.maximum(closest, index.similarity(pick)[:m], out=closest)
     return Choice(picked, relaxed)
 
 
@@ -368,16 +377,17 @@ class Selection:
 
 def select(pipe, pool: Sequence[str], budget: int, *, strategy: str = SelectOptions.strategy,
            diversity: float = SelectOptions.diversity, max_similarity: float = SelectOptions.max_similarity,
-           seed: int = SelectOptions.seed, batch_size: int = 32, max_tokens: int | None = None) -> Selection:
+           seed: int = SelectOptions.seed, batch_size: int = 32, max_tokens: int | None = None,
+           labelled: Sequence[str] = ()) -> Selection:
     """Choose ``budget`` of the distinct texts ``pool`` for the model of ``pipe`` (:func:`zhie.load`'s pipeline) by
-    ``strategy`` (:func:`choose`); the chosen texts come most uncertain first (a model without uncertainty: in the
-    order picked), each with its uncertainty (:func:`uncertainties`: of the whole pool for the uncertainty strategies,
-    of the chosen texts only for the others)."""
+    ``strategy`` (:func:`choose`; ``labelled``: the texts labelled already); the chosen texts come most uncertain
+    first (a model without uncertainty: in the order picked), each with its uncertainty (:func:`uncertainties`: of
+    the whole pool for the uncertainty strategies, of the chosen texts only for the others)."""
     uncertain = has_uncertainty(pipe.task)
     if strategy.startswith("uncertainty") and not uncertain:
         raise ValueError(no_uncertainty(pipe.task))
     scores = uncertainties(pipe, pool, batch_size, max_tokens) if strategy.startswith("uncertainty") else None
-    choice = choose(pool, budget, strategy, scores, diversity, max_similarity, seed)
+    choice = choose(pool, budget, strategy, scores, diversity, max_similarity, seed, labelled)
     texts = [pool[i] for i in choice.indices]
     if not uncertain:
         return Selection(texts, [None] * len(texts), len(pool), choice.relaxed)
@@ -438,6 +448,13 @@ def cmd_select(args: argparse.Namespace) -> None:
     if options.output:
         check_file_target(Path(options.output))
     pool = read_pool(options.pool, options.pool_format, plain_lines=options.output_format == "text")
+    labelled = read_pool(options.labelled, options.pool_format, what="--labelled").texts if options.labelled else []
+    if labelled:
+        done = set(labelled)
+        pool.texts = [t for t in pool.texts if t not in done]
+        if not pool.texts:
+            raise ValueError(f"--pool {pool.path}: every text is in --labelled {options.labelled}: nothing left to "
+                             "choose from")
     if len(pool.texts) < options.budget:
         repeated = pool.lines - len(pool.texts)
         raise ValueError(f"--pool {pool.path}: {len(pool.texts)} distinct text(s) ({pool.lines} non-blank line(s)"
@@ -459,7 +476,7 @@ def cmd_select(args: argparse.Namespace) -> None:
     with stream.collector_paused():
         selection = select(pipe, pool.texts, options.budget, strategy=options.strategy, diversity=options.diversity,
                            max_similarity=options.max_similarity, seed=options.seed, batch_size=args.batch_size,
-                           max_tokens=args.max_tokens)
+                           max_tokens=args.max_tokens, labelled=labelled)
         stream.write_lines(options.output, output_lines(selection, options.output_format, pipe, names, version,
                                                         args.batch_size, args.max_tokens), CHUNK_LINES)
     report(selection, options)

@@ -41,11 +41,12 @@ from zhie.core.options import option, port_number, positive_int
 from zhie.data import label_studio
 from zhie.deploy.gate import Gate, header_timeout, read_api_key
 from zhie.deploy.label_studio_backend import LABEL_STUDIO, add_label_studio_routes
-from zhie.deploy.service import Batching, Limits, Service, add_api_routes, describe
+from zhie.deploy.retrain import Retrainer, Retraining, served_model
+from zhie.deploy.service import Batching, Limits, Service, add_api_routes
 from zhie.precision import PRECISIONS
 from zhie.version import __version__
 
-__all__ = ["Batching", "Limits", "create_app", "read_api_key", "serve"]
+__all__ = ["Batching", "Limits", "Retraining", "create_app", "read_api_key", "serve"]
 
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'", "X-Content-Type-Options": "nosniff"}
 PAGE_FILES = {"/": ("index.html", "text/html; charset=utf-8"), "/page.js": ("page.js", "text/javascript"),
@@ -69,23 +70,38 @@ def _add_page_routes(app: FastAPI) -> None:
 
 
 def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None = None,
-               api_key: str | None = None, model_version: str | None = None) -> FastAPI:
+               api_key: str | None = None, model_version: str | None = None, retraining: Retraining | None = None,
+               model_dir: str | None = None) -> FastAPI:
     """The FastAPI app serving ``pipe`` (what :func:`zhie.load` returns). The batchers run while the app's lifespan
     does (uvicorn, or ``with TestClient(app)``); ``app.state.batchers`` maps ``"predict"`` and ``"embed"`` to them.
     ``model_version``: the model's version in Label Studio (:func:`zhie.data.label_studio.model_version`; default
-    ``zhie-TASK``)."""
+    ``zhie-TASK``). ``retraining`` with a ``retrain_dir``: new versions of the model, whose directory is ``model_dir``,
+    are trained from Label Studio (:mod:`zhie.deploy.retrain`; ``app.state.retrainer``)."""
     batching, limits = batching or Batching(), limits or Limits()
     service = Service(pipe, batching, limits, model_version)
-    info = {**describe(pipe), "limits": asdict(limits) | {"max_body_bytes": limits.body_bytes},
-            "batching": asdict(batching)}
+    retrainer = None
+    if retraining is not None and retraining.retrain_dir is not None:
+        if model_dir is None:
+            raise ValueError("retraining needs the served model's directory (model_dir)")
+
+        def swap(path: str) -> str:  # in the retrainer's thread: load the new version, then serve it
+            from zhie.deploy.pipeline import load
+
+            version = label_studio.model_version(path, pipe.task.name)
+            service.swap(load(path, device=str(getattr(pipe, "device", "cpu")),
+                              precision=getattr(pipe, "precision", "fp32")), version)
+            return version
+
+        retrainer = Retrainer(retraining, model_dir, pipe.task.name, service.model_version, swap)
+    settings = {"limits": asdict(limits) | {"max_body_bytes": limits.body_bytes}, "batching": asdict(batching)}
     app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
                   description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
-    app.state.batchers, app.state.service = service.batchers, service
+    app.state.batchers, app.state.service, app.state.retrainer = service.batchers, service, retrainer
     open_paths = {"/health", "/health/ready", f"{LABEL_STUDIO}/health", *PAGE_FILES, app.docs_url, app.redoc_url,
                   app.openapi_url, app.swagger_ui_oauth2_redirect_url}
     app.add_middleware(Gate, service=service, api_key=api_key, open_paths=frozenset(open_paths - {None}))
-    add_api_routes(app, service, info)
-    add_label_studio_routes(app, service)
+    add_api_routes(app, service, settings)
+    add_label_studio_routes(app, service, retrainer)
     _add_page_routes(app)
     return app
 
@@ -110,21 +126,26 @@ class ServeOptions:
 def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOptions.port,
           batching: Batching | None = None, limits: Limits | None = None, api_key: str | None = None,
           device: str | None = ServeOptions.device, precision: str = ServeOptions.precision,
-          max_connections: int = ServeOptions.max_connections) -> None:
+          max_connections: int = ServeOptions.max_connections, retraining: Retraining | None = None) -> None:
     """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
     until interrupted: its HTTP/1.1 protocol is h11's with the deadline for a request's head
-    (:class:`zhie.deploy.gate.HeaderTimeout`), even where httptools is installed."""
+    (:class:`zhie.deploy.gate.HeaderTimeout`), even where httptools is installed. ``retraining``: new versions
+    trained from Label Studio (:mod:`zhie.deploy.retrain`); the last one swapped in is served again on a restart."""
     import uvicorn
 
     from zhie.deploy.pipeline import load
     from zhie.tasks.base import resolve_model_dir
 
+    model_dir = served_model(model_dir, retraining.retrain_dir if retraining else None)
     pipe = load(model_dir, device=device, precision=precision)
     version = label_studio.model_version(resolve_model_dir(model_dir), pipe.task.name)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         print(f"zhie serve: listening on {host} without an API key: anyone who can reach it can use the model",
               file=sys.stderr)
-    app = create_app(pipe, batching=batching, limits=limits, api_key=api_key, model_version=version)
+    app = create_app(pipe, batching=batching, limits=limits, api_key=api_key, model_version=version,
+                     retraining=retraining, model_dir=model_dir)
+    if app.state.retrainer is not None:
+        app.state.retrainer.check_args()
     log_config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)  # zhie's records (a 500's traceback) with uvicorn's
     log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
     uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config, limit_concurrency=max_connections,

@@ -195,10 +195,17 @@ class Service:
         return results
 
     def _predict(self, texts: list[str], cancelled: threading.Event) -> list:  # in the model thread
-        return [self.task.to_json(p) for p in self._grouped(self.pipe.predict, texts, cancelled)]
+        pipe = self.pipe  # one model for the whole call, whatever swap() does meanwhile
+        return [pipe.task.to_json(p) for p in self._grouped(pipe.predict, texts, cancelled)]
 
     def _embed(self, texts: list[str], cancelled: threading.Event) -> list:  # in the model thread
         return self._grouped(self.pipe.encode, texts, cancelled)
+
+    def swap(self, pipe, model_version: str) -> None:
+        """Serve ``pipe`` (a new version of the model: the same task and output) from the next model call on."""
+        if (pipe.task.name, pipe.task.output_key) != (self.task.name, self.task.output_key):
+            raise ValueError(f"cannot serve a {pipe.task.name} model in place of a {self.task.name} model")
+        self.pipe, self.task, self.model_version = pipe, pipe.task, model_version
 
     def stuck(self) -> str | None:
         """Why the one model thread is taken to be stuck (:meth:`Batcher.stuck`; both batchers share it), or None."""
@@ -290,9 +297,9 @@ class Service:
                 "workers": workers}, live, ready
 
 
-def add_api_routes(app: FastAPI, service: Service, info: dict) -> None:
-    """The service's routes: ``GET /health``, ``/health/ready``, ``/info`` (``info``: :func:`describe` and the
-    settings), ``POST /predict``, ``/embed``, ``/similarity``."""
+def add_api_routes(app: FastAPI, service: Service, settings: dict) -> None:
+    """The service's routes: ``GET /health``, ``/health/ready``, ``/info`` (:func:`describe` of the model served now,
+    its ``model_version`` and ``settings``), ``POST /predict``, ``/embed``, ``/similarity``."""
     @app.get("/health")
     async def health() -> JSONResponse:
         body, live, _ = service.health()
@@ -305,7 +312,7 @@ def add_api_routes(app: FastAPI, service: Service, info: dict) -> None:
 
     @app.get("/info")
     async def get_info() -> dict:
-        return info
+        return describe(service.pipe) | {"model_version": service.model_version} | settings
 
     app.post("/predict", response_model=list[dict])(service.predict)
     app.post("/embed", response_model=list[dict])(service.embed)

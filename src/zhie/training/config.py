@@ -28,6 +28,7 @@ WATCH = "watching the run"
 
 
 KEEP_TOKENS = ("auto", "all", "cjk", "data")
+OLD_TYPES = ("model", "gold")  # --from: what teaches the old types that the new data does not label (training.extend)
 
 
 @dataclass
@@ -48,6 +49,10 @@ class RunOptions:
                                           "entity types of --train that it lacks are added, and it keeps its own "
                                           "types by teaching them on the new texts (gp/egp heads; no new type: "
                                           "continued training)", flags=("--from",), metavar="MODEL")
+    old_types: str = option("model", "ner, with --from: what teaches the model's types that --train does not label: "
+                                     "model (its own outputs on the new texts, which keeps them) or gold (--train's "
+                                     "labels alone, which take its silence as no entity: naive fine-tuning, which "
+                                     "forgets them; a baseline)", choices=OLD_TYPES)
 
 
 @dataclass

@@ -21,6 +21,11 @@ old types and 0/1 for the gold ones (the soft loss with 0/1 targets is the head'
 ``egp`` (span logits per type). A ``crf`` or ``softmax`` model takes new data of its own types only (a warm start):
 its tags share one softmax per token, so gold and soft targets cannot be split by type.
 
+``old_types="gold"`` (``--old-types gold``) is naive fine-tuning, the baseline that the run above is measured against
+(``benchmarks/forgetting.py``): every type learns from the new data's gold labels, so an old type that it does not
+label learns to be absent (0 in every cell); the old model teaches nothing, and the run trains on the head's own loss
+(:func:`training`).
+
 New data with no new type is plain continued training (a warm start): the old model, trained on the new data's gold
 labels. What the run must share with the old model (refused otherwise, with the reason): the task (a NER model), the
 encoder (``--encoder``, if given, is the one the old model was trained from), the head and tokenisation (``--head``,
@@ -43,7 +48,9 @@ from torch import Tensor, nn
 from zhie.model import Model
 from zhie.tasks.modeldir import META_FILE, read_meta, resolve_model_dir
 
-__all__ = ["Extension", "ExtendObjective", "copy_head", "prepare"]
+from .config import OLD_TYPES
+
+__all__ = ["Extension", "ExtendObjective", "copy_head", "prepare", "training"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +61,8 @@ STRUCTURAL = ("head", "mode")  # the old model's, never another one
 @dataclass
 class Extension:
     """What a run of :func:`zhie.fit` with ``from_model`` starts from: the old model directory, its task and model,
-    the new config (old types first), the types only the new data has, and the types the new data labels."""
+    the new config (old types first), the types only the new data has, and the types that learn from the new data's
+    gold labels (those it labels; every type with ``old_types="gold"``)."""
 
     path: Path
     task: object  # the old model's NerTask
@@ -69,14 +77,23 @@ class Extension:
     def adds_types(self) -> bool:
         return bool(self.new_labels)
 
+    @property
+    def teaches(self) -> bool:
+        """Whether the old model teaches types on the new texts (its soft targets): the run adds types and some type
+        does not learn from gold labels."""
+        return self.adds_types and len(self.gold_labels) < len(self.config.labels)
+
 
 def prepare(cls, from_model: str | os.PathLike, examples: list, *, encoder: str, default_encoder: str,
             options: dict, keep_tokens: str, default_keep_tokens: str, encoder_layers: int | None,
-            unshare_layers: bool) -> Extension:
+            unshare_layers: bool, old_types: str) -> Extension:
     """Check that the model ``from_model`` can be extended by ``cls``'s training ``examples`` with ``options`` (the
-    module's docstring lists what must match) and load it."""
+    module's docstring lists what must match) and load it. ``old_types``: what teaches the old types that the
+    examples do not label, ``"model"`` (the old model) or ``"gold"`` (the examples' labels: naive fine-tuning)."""
     from zhie.tasks.ner import NerTask
 
+    if old_types not in OLD_TYPES:
+        raise ValueError(f"--old-types {old_types}: choose one of {', '.join(OLD_TYPES)}")
     path = resolve_model_dir(from_model)
     if not (path / META_FILE).is_file():
         raise ValueError(f"--from {from_model}: not a model directory (no {META_FILE} there, nor in its best/); name "
@@ -112,20 +129,25 @@ def prepare(cls, from_model: str | os.PathLike, examples: list, *, encoder: str,
         raise ValueError(f"--from {from_model}: a {old.head} model; new entity types ({', '.join(new)}) are added to "
                          f"{' and '.join(SPAN_HEADS)} models only (a tagger's types share one softmax per token); "
                          "train a new model on data of every type, or give new data of the model's own types only")
-    if new:
-        kept = [label for label in old.labels if label not in found]
+    kept = [label for label in old.labels if label not in found]
+    if new and old_types == "gold":
+        logger.info("--from %s: %d new type(s) %s after its %d (%s); --old-types gold: the gold labels teach every "
+                    "type, %s as absent from the new texts (naive fine-tuning: the old model teaches nothing)",
+                    from_model, len(new), ", ".join(new), len(old.labels), ", ".join(old.labels),
+                    ", ".join(kept) or "no old type")
+    elif new:
         logger.info("--from %s: %d new type(s) %s after its %d (%s); the old model teaches %s on the new texts, the "
                     "gold labels teach %s", from_model, len(new), ", ".join(new), len(old.labels),
                     ", ".join(old.labels), ", ".join(kept) or "no type", ", ".join(found))
     else:
         logger.info("--from %s: the training data has no entity type that the model lacks: this is continued "
                     "training (a warm start) of the model on the new data's labels, with no soft targets", from_model)
-        missing = [label for label in old.labels if label not in found]
-        if missing:
+        if kept:
             logger.warning("the training data labels none of the model's types %s: continued training learns them "
-                           "as absent from its texts", ", ".join(missing))
+                           "as absent from its texts", ", ".join(kept))
     return Extension(path, task, model, config, {**options, **merged},
-                     trained_from if encoder == default_encoder and trained_from else encoder, new, found)
+                     trained_from if encoder == default_encoder and trained_from else encoder, new,
+                     list(config.labels) if old_types == "gold" else found)
 
 
 def _trained_encoder(path: Path) -> str | None:
@@ -184,13 +206,20 @@ class ExtendObjective(nn.Module):
         self.register_buffer("gold", torch.tensor(gold, dtype=torch.long), persistent=False)
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
-        from zhie.losses.distill import dense_targets, span_soft_loss
+        from zhie.losses.distill import span_soft_loss
 
         name = self.task.head_name
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], heads=[name])[name]
+        return span_soft_loss(logits, self.targets(batch, logits), 1.0).mean()
+
+    def targets(self, batch: dict[str, Tensor], logits: Tensor) -> Tensor:
+        """The dense target ``[b, types, n, n]`` of the span ``logits`` of ``batch``: the old model's probabilities,
+        replaced by the 0/1 gold cells for the types of ``gold``."""
+        from zhie.losses.distill import dense_targets
+
         target = dense_targets(batch["soft_cells"], batch["soft_probs"], logits)
         target[:, self.gold] = gold_targets(batch["labels"], logits)[:, self.gold]
-        return span_soft_loss(logits, target, 1.0).mean()
+        return target
 
 
 def gold_targets(labels: Tensor, like: Tensor) -> Tensor:
@@ -208,6 +237,17 @@ def model_hashes(path: Path) -> dict:
     from .teachers import teacher_identity
 
     return teacher_identity([path], {}, {})["teachers"][0]
+
+
+def training(ext: Extension, task, items: list, objective: nn.Module, out: Path, train_path, format: str,
+             resume: bool, progress: bool) -> tuple[list, object, nn.Module]:
+    """What a run that extends ``ext`` trains: its items, their collate function and the objective. Where the old
+    model teaches (:attr:`Extension.teaches`), :func:`lessons`; else (no new type, or ``old_types="gold"``) the task's
+    own ``items``, collate function and ``objective``: every type learns from the new data's gold labels, a type that
+    it does not label as absent (0 in every cell), and nothing is asked of the old model."""
+    if ext.teaches:
+        return lessons(ext, task, items, out, train_path, format, resume, progress)
+    return items, task.collate, objective
 
 
 def lessons(ext: Extension, task, items: list, out: Path, train_path, format: str, resume: bool,

@@ -41,8 +41,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
         dev_path: str | os.PathLike | None = None, *, out: str | os.PathLike, encoder: str = RunOptions.encoder,
         keep_tokens: str = RunOptions.keep_tokens, encoder_layers: int | None = RunOptions.encoder_layers,
         unshare_layers: bool = RunOptions.unshare_layers, format: str = RunOptions.format,
-        from_model: str | os.PathLike | None = RunOptions.from_model, config: TrainConfig | None = None,
-        resume: bool = True, progress: bool = True, **options) -> dict:
+        from_model: str | os.PathLike | None = RunOptions.from_model, old_types: str = RunOptions.old_types,
+        config: TrainConfig | None = None, resume: bool = True, progress: bool = True, **options) -> dict:
     """Train ``task`` (a registered name or class) on ``train_path``, keep the best model on ``dev_path`` in
     ``out/best``; returns the loop's summary (``best``, ``best_step``, ``steps``, ``history``).
 
@@ -52,18 +52,21 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     (:func:`~zhie.tasks.encoder_prep.prepare_encoder`). ``config.rdrop`` replaces the task's loss by
     :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
     ``from_model`` (``ner`` only): start from that trained model, adding the entity types of ``train_path`` that it
-    lacks and keeping its own (:mod:`zhie.training.extend`).
+    lacks and keeping its own (:mod:`zhie.training.extend`); ``old_types="gold"``: the old types that ``train_path``
+    does not label learn from its labels alone, as absent (naive fine-tuning, a baseline).
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     given = config = config or TrainConfig()  # given: as the caller set it, rates None (derived) included
     out = Path(out)
     train_examples, dev_examples = cls.read_splits(train_path, dev_path, format, **options)
     ext = None
+    if from_model is None and old_types != RunOptions.old_types:
+        raise ValueError(f"--old-types {old_types}: only with --from MODEL (what teaches the old model's types)")
     if from_model is not None:  # the old model's encoder, vocabulary and settings (zhie.training.extend)
         ext = extend.prepare(cls, from_model, train_examples, encoder=str(encoder),
                              default_encoder=RunOptions.encoder, options=options, keep_tokens=keep_tokens,
                              default_keep_tokens=RunOptions.keep_tokens,
-                             encoder_layers=encoder_layers, unshare_layers=unshare_layers)
+                             encoder_layers=encoder_layers, unshare_layers=unshare_layers, old_types=old_types)
         if config.rdrop is not None:
             raise ValueError("--from with --rdrop: R-Drop regularises one task's plain loss; leave it out")
         options, encoder, task_config = ext.options, ext.encoder, ext.config
@@ -83,8 +86,9 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     collate = t.collate
     if ext is not None:
         extend.copy_head(ext.model.heads[t.head_name], model.heads[t.head_name])
-        if ext.adds_types:  # the old types' soft targets: the old model's outputs on the items, stored in out
-            items, collate, objective = extend.lessons(ext, t, items, out, train_path, format, resume, progress)
+        # the old types' soft targets where the old model teaches (its outputs on the items, stored in out)
+        items, collate, objective = extend.training(ext, t, items, objective, out, train_path, format, resume,
+                                                    progress)
     if config.rdrop is not None:
         if type(objective) is not TaskLoss:
             raise ValueError(f"R-Drop (--rdrop) applies to one task's plain loss; the {cls.name} task trains "
@@ -94,7 +98,7 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     settings = {"task": cls.name, "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
                 "unshare_layers": unshare_layers, "format": format,
                 **({"from_model": str(from_model), "from_sha256": extend.model_hashes(ext.path),
-                    "new_labels": ext.new_labels} if ext is not None else {}), **options}
+                    "new_labels": ext.new_labels, "old_types": old_types} if ext is not None else {}), **options}
     files = cls.data_files(train_path, dev_path, **options)
     record = run_record(files, encoder=str(encoder), config=config, options=settings) if is_main_process() else {}
     identity = {"encoder": str(encoder), "vocab": len(tokenizer), "encoder_layers": enc.config.num_hidden_layers,
@@ -113,7 +117,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
                          {**data, **({"format": format} if cls.data_flags else {}), "encoder": str(encoder),
                           "keep_tokens": keep_tokens, "encoder_layers": encoder_layers,
                           "unshare_layers": unshare_layers, "out": str(out),
-                          **({"from_model": str(from_model)} if from_model is not None else {})},
+                          **({"from_model": str(from_model), "old_types": old_types}
+                             if from_model is not None else {})},
                          given, {"lr": config.lr, "head_lr": config.head_lr}, {cls.name: options})
         if progress:
             logger.info(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list) or len(v) <= 20},
