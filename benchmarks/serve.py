@@ -1,23 +1,42 @@
 """``zhie serve`` under N concurrent clients against ``zhie predict``'s offline rate on the same texts.
 
     python benchmarks/serve.py --model runs/pd-e5/best --data peoples_daily --clients 1,16,64 --seconds 30
+    python benchmarks/serve.py --model EXPORT_DIR --data cluener --clients 1,16,64 --texts-per-request 1,32
+
+``--model`` is a model directory or an export directory (``zhie export``): the offline run and the server both load
+it with :func:`zhie.load`, so both run the export on onnxruntime; the runtime each reports (the offline process's
+``pipe.model``, the server's ``GET /info``) is checked to be the same and recorded as ``runtime``.
 
 Three processes on disjoint CPUs (Linux CPU affinity), so that the client does not share the server's cores:
 
-1. offline: a fresh process on ``--server-cpus`` loads the model and times ``zhie predict``'s own path
+1. offline, once per run: a fresh process on ``--server-cpus`` loads the model and times ``zhie predict``'s own path
    (``Pipeline.stream`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``, each
    prediction written as ``zhie.deploy.outputs.output_line`` writes it)
    over all the texts, after a warm-up call -> sentences/s;
 2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--batch-size``;
-3. the client: this process, on ``--client-cpus``: for each concurrency level N, N keep-alive connections each send one
-   text per request (a minimal HTTP/1.1 client on asyncio streams, so that the client's own work stays small) for
-   ``--warmup`` + ``--seconds`` seconds; only answers that arrive within the last ``--seconds`` count.
+3. the client: this process, on ``--client-cpus``: for each number of texts per request k of ``--texts-per-request``
+   and each concurrency level N of ``--clients``, N keep-alive connections each send k texts per request (the next k
+   of the shuffled texts; a minimal HTTP/1.1 client on asyncio streams, so that the client's own work stays small)
+   for ``--warmup`` + ``--seconds`` seconds; only answers that arrive within the last ``--seconds`` count. A request
+   of k texts counts k sentences; latency is per request.
 
 Torch's threads are the server CPUs' count in both 1 and 2. Default CPUs: the last one for the client, the others for
-the server (and the offline run). Each row (``results/serve.jsonl``): service sentences/s, the offline sentences/s,
-their ratio, p50/p99 latency in ms, errors (an answer that is not 200, or none), the server's resident memory when
-the warm-up ends and when the level ends (``rss_warm_mb``, ``rss_end_mb``, from ``/proc``), the settings and the
-machine.
+the server (and the offline run). Each row (``results/serve.jsonl``), one per k and N: service sentences/s (and
+requests/s), the offline sentences/s of the run, their ratio, p50/p99 latency per request in ms, errors (an answer
+that is not 200, or none), the server's resident memory when the warm-up ends and when the level ends
+(``rss_warm_mb``, ``rss_end_mb``, from ``/proc``), the settings (``texts_per_request`` among them) and the machine.
+
+The server's settings for k texts per request (:mod:`zhie.deploy.service`): ``--max-batch`` stays the server's
+default, 64 texts per model call. The batcher takes the oldest requests while they fit in ``max_batch`` texts and
+never splits one, so a call holds two 32-text requests (64 single texts), and inside it the texts are sorted by length
+into forward passes of at most ``--batch-size`` (32), as ``zhie predict`` cuts its chunks: a multiple of 32 leaves no
+room unused, and it is what a user of ``zhie serve`` gets. A larger ``--max-batch`` sorts more texts together (less
+padding) but makes every request of a call wait for the whole call; at 1 client a 32-text request, 32 < 64 texts,
+waits ``--max-wait-ms`` for a second request that never comes (``--max-batch 32`` would not wait, and would run one
+request per call under load). The limits must not refuse the load: 32 texts are far within ``--max-texts`` (256) and
+the body limit, and N requests in flight within ``--max-in-flight`` (256), but N x k texts may wait at once, so the
+server's ``--max-queue`` (default 1,024 texts; 64 x 32 = 2,048 would be answered 503) is raised to the largest
+N x k of the run when that is more; each limit passed is recorded in the row (``server_flags``).
 
 Before the levels, ``--big-body-mb`` (default 200; 0: skip) streams one chunked body of that size to ``/predict``
 and reports the answer's status and how much the server's peak resident memory grew meanwhile (its ``VmHWM``, reset
@@ -60,7 +79,8 @@ pipe.predict(texts[:batch_size], batch_size)  # warm-up
 t0 = time.perf_counter()
 n = sum(len(output_line(pipe.task, Line(None, i, t), p)) > 0 for i, (t, p) in
         enumerate(zip(texts, pipe.stream(texts, batch_size=batch_size, chunk_size=chunk_lines))))
-print(json.dumps({"sentences": n, "seconds": time.perf_counter() - t0}))
+print(json.dumps({"sentences": n, "seconds": time.perf_counter() - t0,
+                  "runtime": getattr(pipe.model, "runtime", "torch")}))
 """
 
 
@@ -74,12 +94,14 @@ def pinned(cpus: set[int]):
     return lambda: os.sched_setaffinity(0, cpus)
 
 
-def offline_rate(model: str, texts_file: str, cpus: set[int], batch_size: int, chunk_lines: int) -> float:
-    """``zhie predict``'s sentences/s over the texts, in a fresh process on ``cpus``."""
+def offline_rate(model: str, texts_file: str, cpus: set[int], batch_size: int, chunk_lines: int
+                 ) -> tuple[float, str]:
+    """``zhie predict``'s sentences/s over the texts, in a fresh process on ``cpus``, and the runtime it ran on
+    (``torch`` or ``onnxruntime``)."""
     out = subprocess.run([sys.executable, "-c", OFFLINE, texts_file, model, str(len(cpus)), str(batch_size),
                           str(chunk_lines)], capture_output=True, text=True, check=True, preexec_fn=pinned(cpus))
     record = json.loads(out.stdout.strip().splitlines()[-1])
-    return record["sentences"] / record["seconds"]
+    return record["sentences"] / record["seconds"], record["runtime"]
 
 
 def start_server(model: str, port: int, cpus: set[int], flags: list[str]) -> subprocess.Popen:
@@ -96,6 +118,31 @@ def start_server(model: str, port: int, cpus: set[int], flags: list[str]) -> sub
             time.sleep(0.2)
     server.kill()
     raise RuntimeError("the server was not ready within 300 s")
+
+
+def server_runtime(port: int) -> str:
+    """The runtime the server runs its model on (``GET /info``: ``torch`` or ``onnxruntime``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/info", timeout=10) as r:
+        return json.load(r)["runtime"]
+
+
+def request_bodies(texts: list[str], per_request: int) -> list[bytes]:
+    """The bodies of requests of ``per_request`` texts each: the texts in order, cut into runs of that many (wrapping
+    round to the first when fewer are left)."""
+    count = max(1, len(texts) // per_request)
+    return [json.dumps({"texts": [texts[(i * per_request + j) % len(texts)] for j in range(per_request)]},
+                       ensure_ascii=False).encode() for i in range(count)]
+
+
+def limit_flags(clients: list[int], per_request: list[int]) -> list[str]:
+    """The server's limits raised where the load would pass them (:mod:`zhie.deploy.service`'s defaults): texts per
+    request, requests in flight, texts waiting (N clients of k texts each: N x k at once); none when it fits."""
+    from zhie.deploy.service import Batching, Limits
+
+    needed = {"--max-texts": (max(per_request), Limits().max_texts),
+              "--max-in-flight": (max(clients), Limits().max_in_flight),
+              "--max-queue": (max(clients) * max(per_request), Batching().max_queue)}
+    return [part for flag, (value, default) in needed.items() if value > default for part in (flag, str(value))]
 
 
 async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> int:
@@ -141,9 +188,10 @@ def big_body(port: int, pid: int, megabytes: int) -> dict:
             "big_body_peak_rss_growth_mb": round(memory_mb(pid, "VmHWM") - before, 1)}
 
 
-async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seconds: float, pid: int) -> dict:
-    """``clients`` connections, each sending the next text as soon as its last answer came, for warmup + seconds;
-    the server's (``pid``) resident memory when the warm-up ends and at the end."""
+async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seconds: float, pid: int,
+               per_request: int = 1) -> dict:
+    """``clients`` connections, each sending the next body (of ``per_request`` texts) as soon as its last answer came,
+    for warmup + seconds; the server's (``pid``) resident memory when the warm-up ends and at the end."""
     latencies: list[float] = []
     errors = 0
     start = time.perf_counter() + warmup
@@ -176,7 +224,8 @@ async def load(port: int, bodies: list[bytes], clients: int, warmup: float, seco
 
     warm, *_ = await asyncio.gather(rss_when_warm(), *(client(i) for i in range(clients)))
     ms = np.array(latencies) * 1000 if latencies else np.zeros(1)
-    return {"sentences_per_s": round(len(latencies) / seconds, 2), "p50_ms": round(float(np.percentile(ms, 50)), 1),
+    return {"sentences_per_s": round(len(latencies) * per_request / seconds, 2),
+            "requests_per_s": round(len(latencies) / seconds, 2), "p50_ms": round(float(np.percentile(ms, 50)), 1),
             "p99_ms": round(float(np.percentile(ms, 99)), 1), "requests": len(latencies), "errors": errors,
             "rss_warm_mb": warm, "rss_end_mb": memory_mb(pid)}
 
@@ -196,6 +245,8 @@ def main() -> None:
     p.add_argument("--data", default="peoples_daily", choices=sorted(DATASETS))
     p.add_argument("--limit", type=int, default=None, help="use the first N texts (after a seeded shuffle)")
     p.add_argument("--clients", default="1,16,64")
+    p.add_argument("--texts-per-request", default="1",
+                   help="texts per request, a list (e.g. 1,32): every level of --clients runs with each")
     p.add_argument("--seconds", type=float, default=30.0, help="measured, per concurrency level")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring, per level")
     p.add_argument("--max-batch", type=int, default=64)
@@ -209,6 +260,10 @@ def main() -> None:
     p.add_argument("--client-cpus", type=cpu_set, default={available[-1]},
                    help="CPUs of the client (default: the last)")
     args = p.parse_args()
+    levels = [int(n) for n in args.clients.split(",")]
+    shapes = [int(k) for k in args.texts_per_request.split(",")]
+    if min(levels + shapes) < 1:
+        p.error("--clients and --texts-per-request take numbers of at least 1")
     if args.server_cpus & args.client_cpus:
         print(f"note: the client shares CPUs {sorted(args.server_cpus & args.client_cpus)} with the server",
               file=sys.stderr)
@@ -219,31 +274,38 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", encoding="utf-8", delete=False) as f:
         json.dump(texts, f, ensure_ascii=False)
     try:
-        offline = offline_rate(args.model, f.name, args.server_cpus, args.batch_size, args.chunk_lines)
+        offline, runtime = offline_rate(args.model, f.name, args.server_cpus, args.batch_size, args.chunk_lines)
     finally:
         os.unlink(f.name)
-    print(f"offline (zhie predict): {offline:.2f} sentences/s over {len(texts)} texts", file=sys.stderr)
+    print(f"offline (zhie predict): {offline:.2f} sentences/s over {len(texts)} texts on {runtime}", file=sys.stderr)
     os.sched_setaffinity(0, args.client_cpus)
     torch.set_num_threads(len(args.server_cpus))  # what machine() reports: the server's threads (the client has none)
-    bodies = [json.dumps({"texts": [t]}, ensure_ascii=False).encode() for t in texts]
+    limits = limit_flags(levels, shapes)
     flags = ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-             "--batch-size", str(args.batch_size)]
+             "--batch-size", str(args.batch_size), *limits]
     port = free_port()
     server = start_server(args.model, port, args.server_cpus, flags)
     try:
-        asyncio.run(load(port, bodies, 1, 0.0, 2.0, server.pid))  # the model has run before the big body comes
+        served = server_runtime(port)
+        if served != runtime:
+            raise RuntimeError(f"the server runs {args.model} on {served}, the offline run on {runtime}")
+        single = request_bodies(texts, 1)
+        asyncio.run(load(port, single, 1, 0.0, 2.0, server.pid))  # the model has run before the big body comes
         big = big_body(port, server.pid, args.big_body_mb) if args.big_body_mb else {}
         if big:
             print(f"big body: {big}", file=sys.stderr)
-        for clients in map(int, args.clients.split(",")):
-            row = asyncio.run(load(port, bodies, clients, args.warmup, args.seconds, server.pid))
-            append_result("serve", {"clients": clients, **row, **big, "offline_sentences_per_s": round(offline, 2),
-                                    "ratio": round(row["sentences_per_s"] / offline, 3),
-                                    "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
-                                    "batch_size": args.batch_size, "data": args.data, "texts": len(texts),
-                                    "seconds": args.seconds, "model": Path(args.model).name,
-                                    "server_cpus": sorted(args.server_cpus), "client_cpus": sorted(args.client_cpus),
-                                    "threads": len(args.server_cpus), "machine": machine(), "date": str(date.today())})
+        for per_request in shapes:
+            bodies = request_bodies(texts, per_request)
+            for clients in levels:
+                row = asyncio.run(load(port, bodies, clients, args.warmup, args.seconds, server.pid, per_request))
+                append_result("serve", {
+                    "clients": clients, "texts_per_request": per_request, **row, **big,
+                    "offline_sentences_per_s": round(offline, 2), "ratio": round(row["sentences_per_s"] / offline, 3),
+                    "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms, "batch_size": args.batch_size,
+                    "server_flags": limits, "runtime": runtime, "data": args.data, "texts": len(texts),
+                    "seconds": args.seconds, "model": Path(args.model).name, "model_path": args.model,
+                    "server_cpus": sorted(args.server_cpus), "client_cpus": sorted(args.client_cpus),
+                    "threads": len(args.server_cpus), "machine": machine(), "date": str(date.today())})
     finally:
         server.terminate()
         server.wait(30)

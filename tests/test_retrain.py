@@ -199,3 +199,23 @@ def test_what_cannot_train_is_said(weak_model, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="is set for each training"):
         served(weak_model, tmp_path, args="--epochs 1 --out elsewhere")
     shutil.rmtree(tmp_path / "versions", ignore_errors=True)
+
+
+def test_a_training_ends_with_the_service_and_leaves_its_checkpoint(weak_model, tmp_path):
+    with LabelStudio({5: export(nested_corpus(40, seed=13))}) as ls:
+        app, client = served(weak_model, tmp_path, args="--epochs 400 --save-every 5 --seed 0")
+        with client:
+            client.post("/label-studio/setup", json={"project": "5.1", "schema": CONFIG, "hostname": ls.url,
+                                                     "access_token": TOKEN})
+            assert start_training(client, 5).status_code == 201
+            start = time.monotonic()
+            while not list((tmp_path / "versions" / "runs").glob("*/run/checkpoint.pt")):
+                assert time.monotonic() - start < 120, client.get("/label-studio/versions").json()
+                time.sleep(0.2)
+            process = app.state.retrainer.process
+        # the service stopped: its training process with it, the run left to resume
+        assert process.poll() is not None
+        app.state.retrainer.wait()
+        (line,) = app.state.retrainer.report()["versions"]
+        assert not line["swapped"] and line["outcome"].startswith("failed")
+        assert list((tmp_path / "versions" / "runs").glob("*/run/checkpoint.pt"))

@@ -15,7 +15,8 @@ annotation submission" asks for it). A training, in a thread of the service that
    configuration, a label that the project added becoming a new entity type (``--from``'s rules). KEY hashes the
    current model's version, both files and the arguments: the same training asked again is reused when it finished
    and resumes exactly when it was cut off (``zhie train``'s run lock and checkpoint);
-4. **score** the current model and the new one on the held-out tasks (``zhie eval``, each in a process of its own);
+4. **score** the current model and the new one on the held-out tasks (``zhie eval``, each in a process of its own;
+   a run's scores are kept in it, so a training asked again is not scored again);
 5. **swap**: the new model is loaded and served if its F1 is at least the current one's: predictions made after
    carry its ``model_version``. Until then, and always when it is worse, they come from the current model, and the
    service answers as before (the training runs in other processes, niced).
@@ -96,16 +97,6 @@ def zhie_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "zhie", *args]
 
 
-def run_quietly(command: list[str], log: Path) -> None:
-    """Run ``command`` niced, its output to ``log``; a failure raises RuntimeError with the log's last lines."""
-    with open(log, "ab") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=lambda: os.nice(10),
-                              check=False)
-    if done.returncode != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-6:]
-        raise RuntimeError(f"`zhie {command[3]}` failed ({done.returncode}): " + " | ".join(tail))
-
-
 class Retrainer:
     """The trainings of one served model (see the module's doc): :meth:`remember` what ``/setup`` says, :meth:`start`
     on ``START_TRAINING``, :meth:`report` for ``/label-studio/versions``. ``swap(model_dir)`` loads a model and serves
@@ -132,7 +123,34 @@ class Retrainer:
         self.places: dict[str, tuple[str, str]] = {}  # project id -> (Label Studio's address, token), from /setup
         self.state, self.again, self.lock = "idle", None, threading.Lock()
         self.thread: threading.Thread | None = None
-        self.process_log: Path | None = None
+        self.process: subprocess.Popen | None = None  # the training's (or scoring's) process, while it runs
+        self.stopped = False
+
+    def run_quietly(self, command: list[str], log: Path) -> None:
+        """Run ``command`` niced, its output to ``log`` (:meth:`stop` ends it); a failure raises RuntimeError with
+        the log's last lines."""
+        with open(log, "ab") as out, self.lock:
+            if self.stopped:
+                raise RuntimeError("the service is stopping")
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            preexec_fn=lambda: os.nice(10))
+        code = self.process.wait()
+        if code != 0:
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-6:]
+            raise RuntimeError(f"`zhie {command[3]}` failed ({code}): " + " | ".join(tail))
+
+    def stop(self, seconds: float = 30) -> None:
+        """End the training process, if one runs (the service stops): SIGTERM, then SIGKILL after ``seconds``; the
+        run resumes from its checkpoint when the same training is asked for again."""
+        with self.lock:
+            self.stopped, process = True, self.process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(seconds)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def check_args(self) -> None:
         """Refuse, before the service starts, ``--retrain-args`` that ``zhie train ner`` would refuse."""
@@ -237,15 +255,16 @@ class Retrainer:
         atomic_write_text(run / "heldout.jsonl", (work / "heldout.jsonl").read_text("utf-8"))
         log = run / "zhie.log"
         self.state = "training"
-        run_quietly(zhie_command("train", "ner", "--from", str(self.model), "--train", str(run / "train.jsonl"),
+        self.run_quietly(zhie_command("train", "ner", "--from", str(self.model), "--train", str(run / "train.jsonl"),
                                  "--dev", str(run / "heldout.jsonl"), "--format", "jsonl", "--out", str(run / "run"),
                                  "--quiet", *self.args), log)
         new = resolve_model_dir(run / "run")
         self.state = "scoring"
         scores = {}
         for name, model in (("current", self.model), ("new", new)):
-            run_quietly(zhie_command("eval", str(model), "--data", str(run / "heldout.jsonl"), "--format", "jsonl",
-                                     "--json", str(run / f"heldout-{name}.json")), log)
+            if not (run / f"heldout-{name}.json").is_file():  # written whole (atomically), once per run
+                self.run_quietly(zhie_command("eval", str(model), "--data", str(run / "heldout.jsonl"), "--format",
+                                         "jsonl", "--json", str(run / f"heldout-{name}.json")), log)
             scores[name] = json.loads((run / f"heldout-{name}.json").read_text(encoding="utf-8"))["micro"]["f1"]
         line |= {"run": str(run), "model": str(new), "held_out_f1_current": scores["current"],
                  "held_out_f1_new": scores["new"]}

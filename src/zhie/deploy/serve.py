@@ -29,6 +29,7 @@ the app is created.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from dataclasses import asdict, dataclass
@@ -69,6 +70,19 @@ def _add_page_routes(app: FastAPI) -> None:
         add(route, content, kind)
 
 
+def lifespan(service: Service, retrainer: Retrainer | None):
+    """The app's lifespan: the service's (its batchers), and a training process ended when it ends."""
+    @contextlib.asynccontextmanager
+    async def run(app: FastAPI):
+        try:
+            async with service.lifespan(app):
+                yield
+        finally:
+            if retrainer is not None:
+                retrainer.stop()
+    return run
+
+
 def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None = None,
                api_key: str | None = None, model_version: str | None = None, retraining: Retraining | None = None,
                model_dir: str | None = None) -> FastAPI:
@@ -94,7 +108,7 @@ def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None 
 
         retrainer = Retrainer(retraining, model_dir, pipe.task.name, service.model_version, swap)
     settings = {"limits": asdict(limits) | {"max_body_bytes": limits.body_bytes}, "batching": asdict(batching)}
-    app = FastAPI(title="zhie", version=__version__, lifespan=service.lifespan,
+    app = FastAPI(title="zhie", version=__version__, lifespan=lifespan(service, retrainer),
                   description=f"A zhie {pipe.task.name} model: POST /predict with {{\"texts\": [...]}}.")
     app.state.batchers, app.state.service, app.state.retrainer = service.batchers, service, retrainer
     open_paths = {"/health", "/health/ready", f"{LABEL_STUDIO}/health", *PAGE_FILES, app.docs_url, app.redoc_url,
