@@ -66,6 +66,7 @@ import json
 import os
 import random
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -278,7 +279,7 @@ def real_figures(work: Path, real: dict, setup: dict, retraining: dict, seconds:
             "swapped": line.get("swapped"), "outcome": line.get("outcome"),
             "predict_requests_during_training": retraining["predict_requests"],
             "failed_requests_during_training": len(retraining["failed_requests"]),
-            "stored_model_versions": retraining["stored_after"], "command": "python " + " ".join(sys.argv)}
+            "stored_model_versions": retraining["stored_after"], "command": "python " + shlex.join(sys.argv)}
 
 
 def regions(result: list[dict]) -> list[tuple]:

@@ -519,12 +519,16 @@ def startup_table(key: str = "g/startup-layers/") -> str:
 
 
 def serve_table(key: str = "g/serve/") -> str:
-    """``benchmarks/serve.py`` on e5-small: sentences/s per number of clients against the offline rate."""
+    """``benchmarks/serve.py``: sentences/s per number of clients against the offline rate; with a column of texts per
+    request when the rows record it (``--texts-per-request``; the first rows sent one text each)."""
     (line,) = campaign(key)
     offline = line["results"][0]["offline_sentences_per_s"]
-    return table(["clients", "sentences/s", f"of offline ({offline:.2f}/s)", "p50 / p99 ms", "errors"],
-                 [[r["clients"], f"{r['sentences_per_s']:.2f}", f"{100 * r['ratio']:.0f} %",
-                   f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}", r["errors"]] for r in line["results"]], right="0124")
+    shapes = any("texts_per_request" in r for r in line["results"])
+    return table(["clients", *(["texts/request"] if shapes else []), "sentences/s", f"of offline ({offline:.2f}/s)",
+                  "p50 / p99 ms", "errors"],
+                 [[r["clients"], *([r.get("texts_per_request", 1)] if shapes else []), f"{r['sentences_per_s']:.2f}",
+                   f"{100 * r['ratio']:.0f} %", f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}", r["errors"]]
+                  for r in line["results"]], right="01235" if shapes else "0124")
 
 
 def tiny_export_table() -> str:
