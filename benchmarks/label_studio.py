@@ -51,8 +51,8 @@ Cost of the real mode on the 2-core machine (e5-small GP, 400 CLUENER gold tasks
 data dir ~1 min; the new version ~320 training tasks x 2 epochs and the held-out scoring, a few minutes (niced, while
 a client asks for predictions every 0.25 s); the two dev evaluations of CLUENER's 1,343 sentences ~1 min each; about
 10 CPU minutes in all. ``--work`` keeps the Label Studio data, the versions (``versions/``: the new model, ~100 MB;
-its ``checkpoint.pt`` is removed once it is scored) and the files sent; a rerun starts Label Studio and the versions
-afresh.
+its ``checkpoint.pt`` is removed once it is scored) and the files sent; a rerun starts Label Studio, the versions and
+the training from the export afresh.
 
 A JSON line goes to ``results/label_studio.jsonl`` with its ``mode`` (``tiny`` / ``real``; ``--no-results``: printed
 only, the screenshot in ``--work``).
@@ -380,7 +380,8 @@ def run(work: Path, venv: Path, screenshot_path: Path, real: dict | None = None)
     from zhie.data import read_ner
     from zhie.data.ner import detect_format
 
-    for stale in ("label-studio-data", "versions"):  # a --work used before: Label Studio and the versions afresh
+    # a --work used before: Label Studio, the versions and the training from the export (its export differs) afresh
+    for stale in ("label-studio-data", "versions", "from-export"):
         shutil.rmtree(work / stale, ignore_errors=True)
     seconds = {"install": round(install(venv), 1)}
     setup = tiny_setup(work, seconds) if real is None else real_setup(work, real)
@@ -485,7 +486,8 @@ def run(work: Path, venv: Path, screenshot_path: Path, real: dict | None = None)
     best = json.loads(trained.strip().splitlines()[-1])
     labels = json.loads((work / "from-export" / "best" / "zhie.json").read_text(encoding="utf-8"))["labels"]
     versions = dict(line.split("==") for line in (venv / "zhie-installed.txt").read_text().split() if "==" in line)
-    head = {"mode": "tiny"} if real is None else real_figures(work, real, setup, retraining, seconds)
+    head = {"mode": "tiny"} if real is None else \
+        {**real_figures(work, real, setup, retraining, seconds), "page_text": texts[page]}
     return {**head, "date": date.today().isoformat(), "label_studio": versions.get("label-studio"),
             "label_studio_sdk": versions.get("label-studio-sdk"), "backend": done["backend"],
             "tasks": {"gold": len(gold), "backend_predicted": len(texts), "accepted": accepted,
