@@ -305,6 +305,8 @@ def students_table(section: str = "s/") -> str:
     body = []
     for line in campaign(section):
         for r in line["results"]:
+            if "f1_per_epoch" not in r:  # a row of another benchmark under s/ (s/stages/: predict_stages.py)
+                continue
             if "student" in r:
                 kind = (f"{r['layers']} layers ({r['keep_layers']})"
                         + (f", feed-forward {r['ffn_width']}" if r.get("ffn_width") else "")
@@ -529,6 +531,40 @@ def serve_table(key: str = "g/serve/") -> str:
                  [[r["clients"], *([r.get("texts_per_request", 1)] if shapes else []), f"{r['sentences_per_s']:.2f}",
                    f"{100 * r['ratio']:.0f} %", f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f}", r["errors"]]
                   for r in line["results"]], right="01235" if shapes else "0124")
+
+
+def student_serve_table(key: str = "g/serve-students/") -> str:
+    """``benchmarks/serve.py`` on the students' (and teacher's) int8 exports, one row per level and request shape,
+    each run's share of the offline rate it measured itself."""
+    body = []
+    for line in campaign(key):
+        name = line["key"][len(key):]
+        for r in line["results"]:
+            body.append([name, r["max_wait_ms"], r["clients"], r.get("texts_per_request", 1),
+                         f"{r['sentences_per_s']:.0f}", f"{r['offline_sentences_per_s']:.0f}",
+                         f"{100 * r['ratio']:.0f} %", f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}", r["errors"]])
+    return table(["row", "--max-wait-ms", "clients", "texts/request", "sentences/s", "offline/s", "share",
+                  "p50 / p99 ms", "errors"], body, right="12345678")
+
+
+STAGES = (("start, import, load", ("process", "import", "load")), ("read", ("read",)), ("tokenise", ("tokenise",)),
+          ("batch", ("batch",)), ("graph", ("graph",)), ("decode", ("decode",)), ("JSON, write", ("json", "write")),
+          ("other", ("other",)))
+
+
+def stages_table(key: str = "s/stages/") -> str:
+    """``benchmarks/predict_stages.py``: the whole ``zhie predict`` process, its seconds by stage (medians of the
+    runs) and the CLI's own whole-process rate."""
+    body = []
+    for line in campaign(key):
+        for r in line["results"]:
+            st = r["stages"]
+            body.append([line["key"][len(key):], f"{r['sentences']:,}", f"{r['cli_s']:.2f}",
+                         f"{r['cli_sentences_per_s']:,.0f}",
+                         *(f"{sum(st[k]['s'] for k in keys):.3f} ({100 * sum(st[k]['share'] for k in keys):.0f} %)"
+                           for _, keys in STAGES)])
+    return table(["row", "sentences", "process s", "sentences/s", *(name + " s" for name, _ in STAGES)], body,
+                 right="1234567891011")
 
 
 def tiny_export_table() -> str:
@@ -979,6 +1015,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "forgetting": forgetting_table,
     "startup": startup_table,
     "serve": serve_table,
+    "student-serve": student_serve_table,
+    "predict-stages": stages_table,
     "export": lambda: export_table("g/export-opset23/cluener-gp", "g/export-opset23/pd-gp"),
     "ort-graphs": ort_graphs_table,
     "export-cmeee": lambda: export_table("g/export/cmeee-egp"),

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 import zhie  # noqa: E402
 from tests.tiny_models import nested_corpus, train_ner, trained  # noqa: E402
+from zhie.data import write_ner_jsonl  # noqa: E402
 from zhie.deploy.retrain import Retraining, held_out, served_model  # noqa: E402
 from zhie.deploy.serve import create_app  # noqa: E402
 
@@ -191,6 +192,18 @@ def test_what_cannot_train_is_said(weak_model, tmp_path, monkeypatch):
             assert few["outcome"].startswith("not trained: 6 annotated tasks") and not few["swapped"]
             assert "answered a JSON dict" in not_a_list["outcome"]
             assert "answered 401" in refused["outcome"] and "token" in refused["outcome"]
+    # --retrain-dev: every annotated task trains, the file scores
+    write_ner_jsonl(nested_corpus(7, seed=14), tmp_path / "dev.jsonl")
+    with LabelStudio({1: export(nested_corpus(6, seed=4))}) as ls:
+        app = create_app(zhie.load(weak_model), model_dir=str(weak_model), retraining=Retraining(
+            retrain_dir=str(tmp_path / "with-dev"), retrain_dev=str(tmp_path / "dev.jsonl")))
+        with TestClient(app) as client:
+            client.post("/label-studio/setup", json={"project": "1.1", "schema": CONFIG, "hostname": ls.url,
+                                                     "access_token": TOKEN})
+            assert start_training(client, 1).status_code == 201
+            (line,) = wait_idle(client)["versions"]
+            assert (line["train_tasks"], line["held_out_tasks"]) == (6, 7), line
+            assert line["scored_on"] == str(tmp_path / "dev.jsonl") and line["outcome"].startswith("not trained")
     off = TestClient(create_app(zhie.load(weak_model)))
     with off:
         answer = start_training(off)

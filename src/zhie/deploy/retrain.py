@@ -9,7 +9,9 @@ annotation submission" asks for it). A training, in a thread of the service that
    ``Authorization: Token TOKEN``): the address and token are ``LABEL_STUDIO_URL`` and ``LABEL_STUDIO_API_KEY`` where
    set, else the ``hostname`` and ``access_token`` that Label Studio sent to ``/setup`` when the model was connected;
 2. **split** them (:func:`held_out`): a task whose text's sha256 is 0 modulo :data:`HOLD_OUT` is held out, the rest
-   train; a task never changes side as annotations grow, and the same text is never on both sides;
+   train; a task never changes side as annotations grow, and the same text is never on both sides. With
+   ``--retrain-dev FILE`` (a labelled file, e.g. the dev set of the project's task) every task trains and the file
+   scores;
 3. **train** ``zhie train ner --from CURRENT --train train.jsonl --dev heldout.jsonl --out DIR/runs/KEY --quiet``
    with ``--retrain-args``, niced: warm-started from the model being served, on ``zhie train``'s engine and
    configuration, a label that the project added becoming a new entity type (``--from``'s rules). KEY hashes the
@@ -48,7 +50,7 @@ from pathlib import Path
 
 from zhie.core.files import append_whole, atomic_write_text
 from zhie.core.options import option, positive_int
-from zhie.data import label_studio, write_ner_jsonl
+from zhie.data import label_studio, read_ner, write_ner_jsonl
 from zhie.tasks.modeldir import resolve_model_dir
 
 __all__ = ["HOLD_OUT", "Retrainer", "Retraining", "held_out", "served_model"]
@@ -74,6 +76,9 @@ class Retraining:
                                       metavar="ARGS")
     retrain_min_tasks: int = option(10, "annotated tasks needed to train a version (one in 5 is held out)",
                                     type=positive_int, metavar="N")
+    retrain_dev: str | None = option(None, "score the versions on this labelled file (a format zhie train reads) "
+                                           "instead of one annotated task in 5, which then trains too",
+                                     metavar="FILE")
 
 
 def held_out(text: str) -> bool:
@@ -117,6 +122,8 @@ class Retrainer:
         self.dir = Path(settings.retrain_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.args, self.min_tasks, self.swap = args, settings.retrain_min_tasks, swap
+        self.dev_file = settings.retrain_dev
+        self.dev = read_ner(self.dev_file, "auto") if self.dev_file else None  # None: held-out tasks score
         self.model, self.version = model.resolve(), version
         self.base = str(self.model) if not (self.dir / CURRENT).is_file() else \
             json.loads((self.dir / CURRENT).read_text(encoding="utf-8"))["base"]
@@ -238,13 +245,17 @@ class Retrainer:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(work / "export.json", json.dumps(tasks, ensure_ascii=False))
         examples = label_studio.read_entities(work / "export.json") if tasks else []
-        train = [ex for ex in examples if not held_out(ex.text)]
-        dev = [ex for ex in examples if held_out(ex.text)]
-        line |= {"annotated_tasks": len(examples), "train_tasks": len(train), "held_out_tasks": len(dev)}
+        if self.dev is None:
+            train, dev = [ex for ex in examples if not held_out(ex.text)], [ex for ex in examples if held_out(ex.text)]
+        else:  # --retrain-dev: every annotated task trains
+            train, dev = examples, self.dev
+        line |= {"annotated_tasks": len(examples), "train_tasks": len(train), "held_out_tasks": len(dev),
+                 "scored_on": self.dev_file or "held-out tasks"}
         if len(examples) < self.min_tasks or not dev or not train:
-            return line | {"swapped": False, "outcome": f"not trained: {len(examples)} annotated tasks, {len(dev)} "
-                                                          f"of them held out; a version needs {self.min_tasks} "
-                                                          "(--retrain-min-tasks), some of each"}
+            return line | {"swapped": False, "outcome": f"not trained: {len(examples)} annotated tasks, "
+                                                          f"{len(train)} to train on, {len(dev)} to score; a version "
+                                                          f"needs {self.min_tasks} (--retrain-min-tasks), some of "
+                                                          "each"}
         write_ner_jsonl(train, work / "train.jsonl")
         write_ner_jsonl(dev, work / "heldout.jsonl")
         key = hashlib.sha256("\n".join([self.version, *self.args, (work / "train.jsonl").read_text("utf-8"),

@@ -89,7 +89,9 @@ class Batching:
     (504 after; None: no limit)."""
 
     max_batch: int = option(64, "texts per model call, gathered across requests (1: no batching)", type=positive_int)
-    max_wait_ms: float = option(5.0, "how long a call waits for more requests")
+    max_wait_ms: float = option(0.0, "how long a call waits for more requests after the oldest came (0: it starts as "
+                                     "soon as the model is free, and the requests that come during a call make the "
+                                     "next one)")
     batch_size: int = option(32, "texts per forward pass inside a call, of similar lengths (as zhie predict's)",
                              type=positive_int)
     max_queue: int = option(1024, "texts waiting for the model (503 with Retry-After above)", type=positive_int)
