@@ -443,7 +443,7 @@ def cmd_serve(args) -> None:
     serve.serve(args.model, host=args.host, port=args.port, batching=serve.Batching(**values_from_flags(
                     args, serve.Batching)), limits=serve.Limits(**values_from_flags(args, serve.Limits)),
                 api_key=serve.read_api_key(args.api_key, args.api_key_file), device=args.device,
-                precision=args.precision, max_connections=args.max_connections,
+                precision=args.precision, max_connections=args.max_connections, access_log=args.access_log,
                 retraining=serve.Retraining(**values_from_flags(args, serve.Retraining)))
 
 
