@@ -31,9 +31,9 @@ default, 64 texts per model call. The batcher takes the oldest requests while th
 never splits one, so a call holds two 32-text requests (64 single texts), and inside it the texts are sorted by length
 into forward passes of at most ``--batch-size`` (32), as ``zhie predict`` cuts its chunks: a multiple of 32 leaves no
 room unused, and it is what a user of ``zhie serve`` gets. A larger ``--max-batch`` sorts more texts together (less
-padding) but makes every request of a call wait for the whole call; at 1 client a 32-text request, 32 < 64 texts,
-waits ``--max-wait-ms`` for a second request that never comes (``--max-batch 32`` would not wait, and would run one
-request per call under load). The limits must not refuse the load: 32 texts are far within ``--max-texts`` (256) and
+padding) but makes every request of a call wait for the whole call. ``--max-wait-ms`` is the server's default (0:
+a call starts as soon as the model is free; with 5, the old default, a lone 32-text request waited 5 ms for a second
+that never came). The limits must not refuse the load: 32 texts are far within ``--max-texts`` (256) and
 the body limit, and N requests in flight within ``--max-in-flight`` (256), but N x k texts may wait at once, so the
 server's ``--max-queue`` (default 1,024 texts; 64 x 32 = 2,048 would be answered 503) is raised to the largest
 N x k of the run when that is more; each limit passed is recorded in the row (``server_flags``).
@@ -64,6 +64,7 @@ import torch
 from common import DATA, append_result, machine, machine_lock
 
 from zhie.data import read_ner
+from zhie.deploy.service import Batching
 
 DATASETS = {"peoples_daily": ("ner/peoples_daily/example.dev", "conll"), "cluener": ("ner/cluener/dev.json", "auto")}
 OFFLINE = """
@@ -137,7 +138,7 @@ def request_bodies(texts: list[str], per_request: int) -> list[bytes]:
 def limit_flags(clients: list[int], per_request: list[int]) -> list[str]:
     """The server's limits raised where the load would pass them (:mod:`zhie.deploy.service`'s defaults): texts per
     request, requests in flight, texts waiting (N clients of k texts each: N x k at once); none when it fits."""
-    from zhie.deploy.service import Batching, Limits
+    from zhie.deploy.service import Limits
 
     needed = {"--max-texts": (max(per_request), Limits().max_texts),
               "--max-in-flight": (max(clients), Limits().max_in_flight),
@@ -249,8 +250,9 @@ def main() -> None:
                    help="texts per request, a list (e.g. 1,32): every level of --clients runs with each")
     p.add_argument("--seconds", type=float, default=30.0, help="measured, per concurrency level")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before measuring, per level")
-    p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--max-wait-ms", type=float, default=5.0)
+    p.add_argument("--max-batch", type=int, default=Batching.max_batch, help="zhie serve's (default: its default)")
+    p.add_argument("--max-wait-ms", type=float, default=Batching.max_wait_ms,
+                   help="zhie serve's (default: its default)")
     p.add_argument("--batch-size", type=int, default=32, help="zhie predict's and the server's")
     p.add_argument("--chunk-lines", type=int, default=4096, help="zhie predict's")
     p.add_argument("--big-body-mb", type=int, default=200, help="one chunked body of this size first (0: none)")
