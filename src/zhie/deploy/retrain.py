@@ -258,12 +258,12 @@ class Retrainer:
                                                           "each"}
         write_ner_jsonl(train, work / "train.jsonl")
         write_ner_jsonl(dev, work / "heldout.jsonl")
-        key = hashlib.sha256("\n".join([self.version, *self.args, (work / "train.jsonl").read_text("utf-8"),
-                                        (work / "heldout.jsonl").read_text("utf-8")]).encode("utf-8")).hexdigest()[:12]
+        files = {name: (work / name).read_text("utf-8") for name in ("train.jsonl", "heldout.jsonl")}
+        key = hashlib.sha256("\n".join([self.version, *self.args, *files.values()]).encode("utf-8")).hexdigest()[:12]
         run = self.dir / "runs" / key
         run.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run / "train.jsonl", (work / "train.jsonl").read_text("utf-8"))
-        atomic_write_text(run / "heldout.jsonl", (work / "heldout.jsonl").read_text("utf-8"))
+        for name, text in files.items():  # the run's own copies: the next fetch rewrites work/
+            atomic_write_text(run / name, text)
         log = run / "zhie.log"
         self.state = "training"
         self.run_quietly(zhie_command("train", "ner", "--from", str(self.model), "--train", str(run / "train.jsonl"),
@@ -281,7 +281,7 @@ class Retrainer:
                  "held_out_f1_new": scores["new"]}
         if scores["new"] < scores["current"]:
             return line | {"swapped": False, "outcome": f"kept {self.version}: the new version scores "
-                                                        f"{scores['new']:.4f} on the held-out tasks, the current "
+                                                        f"{scores['new']:.4f} on {line['scored_on']}, the current "
                                                         f"{scores['current']:.4f}"}
         self.state = "loading"
         version = self.swap(str(new))
@@ -289,7 +289,7 @@ class Retrainer:
         atomic_write_text(self.dir / CURRENT, json.dumps({"model": str(self.model), "model_version": version,
                                                           "base": self.base}, ensure_ascii=False))
         return line | {"model_version": version, "swapped": True,
-                       "outcome": f"serving {version}: {scores['new']:.4f} on the held-out tasks, the previous "
+                       "outcome": f"serving {version}: {scores['new']:.4f} on {line['scored_on']}, the previous "
                                   f"{scores['current']:.4f}"}
 
 
