@@ -505,7 +505,7 @@ def test_cli_serve_loads_the_model_in_the_precision_asked(monkeypatch):
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.update(app=app, **kw))
     assert main(["serve", str(trained("ner-gp")), "--precision", "bf16", "--port", "8123"]) == 0
     assert served["port"] == 8123 and served["limit_concurrency"] == 512  # --max-connections' default
-    assert issubclass(served["http"], HeaderTimeout) and served["http"].header_timeout == 10  # h11, pinned
+    assert issubclass(served["http"], HeaderTimeout) and served["http"].header_timeout == 10
     log = served["log_config"]  # zhie's records (a 500's traceback) go where uvicorn's own errors go: stderr
     assert log["loggers"]["zhie"]["handlers"] == ["default"] and log["handlers"]["default"]["stream"] == "ext://sys.stderr"
     with TestClient(served["app"]) as client:
@@ -710,6 +710,39 @@ def test_a_head_not_sent_within_the_header_timeout_is_cut_off(ner_pipe):
             assert _answer(s)[0] == 200
     with pytest.raises(ValueError, match="header_timeout must be a positive number of seconds"):
         Limits(header_timeout=0)
+
+
+def test_a_head_over_the_limit_is_answered_431_and_a_pipelined_head_that_came_is_not_cut_off(ner_pipe):
+    """A request head (line and headers) over MAX_HEAD_BYTES is answered 431 and the connection closed, one just
+    within is answered (httptools keeps every header it is sent: without the bound a client could fill the server's
+    memory at its own pace). A request pipelined behind another sent its head in time: it is answered however long it
+    takes, not cut off a header timeout after the first answer."""
+    from zhie.deploy.gate import MAX_HEAD_BYTES
+
+    pipe = Gate(ner_pipe)
+    app = create_app(pipe, limits=Limits(header_timeout=1))
+    line = b"GET /health HTTP/1.1\r\nHost: localhost\r\n"
+    room = MAX_HEAD_BYTES - len(b"/health") - len(b"host") - len(b"localhost") - 4  # what X-Pad may take
+    with running(app) as port:
+        for pad, status in ((room - len("x-pad") - 4, 200), (room - len("x-pad") - 3, 431)):
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+                s.sendall(line + b"X-Pad: " + b"a" * pad + b"\r\n\r\n")
+                got, _, body = _answer(s)
+                assert got == status, (pad, body)
+                if status == 431:
+                    assert body == b"the request's line and headers are over %d bytes" % MAX_HEAD_BYTES
+                    assert s.recv(65536) == b""  # closed
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as s, s.makefile("rb") as answers:
+            body = json.dumps({"texts": [NESTED]}).encode()
+            threading.Timer(2.5, pipe.release.set).start()  # the second answer ends 2.5 s after the first
+            s.sendall(line + b"\r\n" + b"POST /predict HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            for _ in range(2):  # both answers, in order
+                status = answers.readline()
+                assert status.startswith(b"HTTP/1.1 200 "), status
+                headers = dict(h.lower().split(b":", 1) for h in iter(answers.readline, b"\r\n"))
+                answer = answers.read(int(headers[b"content-length"]))
+            assert json.loads(answer)[0]["text"] == NESTED
 
 
 def test_over_a_socket_a_held_body_counts_against_the_budget_and_a_slow_one_gets_408(ner_pipe):

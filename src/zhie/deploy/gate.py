@@ -13,8 +13,8 @@ refusals that read the body are :class:`zhie.deploy.service.Service`'s.
 
 Before all of these, the connection: a client that has not sent a request's whole line and headers within
 ``header_timeout`` seconds of connecting (or of its last answer, on a kept-alive connection) is cut off, the
-connection closed without an answer (:class:`HeaderTimeout`, uvicorn's HTTP/1.1 protocol with that deadline; uvicorn
-bounds a head's size, 16 kB, but not the time it takes).
+connection closed without an answer, and a head of more than 16 kB is answered 431 (:class:`HeaderTimeout`,
+uvicorn's HTTP/1.1 protocol with that deadline and that bound).
 """
 
 from __future__ import annotations
@@ -27,12 +27,13 @@ import secrets
 from pathlib import Path
 
 from fastapi.responses import JSONResponse
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from zhie.deploy.batcher import RETRY_AFTER_S
 from zhie.deploy.service import Limits, Service
 
 API_KEY_ENV = "ZHIE_API_KEY"
+MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (h11's limit in uvicorn; 431 above)
 
 
 class Gate:
@@ -126,38 +127,69 @@ class Gate:
             service.buffered -= held
 
 
-class HeaderTimeout(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol (h11) with a deadline for each request's head: a connection that has not sent a
-    whole request line and headers within ``header_timeout`` seconds of being made, or of its last answer (a kept-alive
-    connection), is closed unanswered. uvicorn has no such deadline: its keep-alive timeout starts after an answer and
-    stops at the next byte, so a client that sends its headers a byte at a time (slowloris) would hold its connection,
-    and a place under ``--max-connections``, for as long as it likes. Once a request's head has come, the deadline is
-    the app's (the body's ``body_timeout``, the answer's ``timeout``). :func:`header_timeout` makes the class for a
-    number of seconds (uvicorn creates the protocol itself, from its ``http=`` class)."""
+class HeaderTimeout(HttpToolsProtocol):
+    """uvicorn's HTTP/1.1 protocol (httptools, llhttp's C parser) with a deadline and a size limit for each request's
+    head. A connection that has not sent a whole request line and headers within ``header_timeout`` seconds of being
+    made, or of its last answer (a kept-alive connection), is closed unanswered; a head of more than ``MAX_HEAD_BYTES``
+    (URL, header names and values) is answered 431 and the connection closed. uvicorn has neither: its keep-alive
+    timeout starts after an answer and stops at the next byte, so a client that sends its headers a byte at a time
+    (slowloris) would hold its connection, and a place under ``--max-connections``, for as long as it likes; and with
+    httptools it keeps every header it is sent. Once a request's head has come, the deadline is the app's (the body's
+    ``body_timeout``, the answer's ``timeout``). :func:`header_timeout` makes the class for a number of seconds
+    (uvicorn creates the protocol itself, from its ``http=`` class).
+
+    httptools, not h11 (uvicorn's pure-Python protocol, which bounds a head's size itself): 1.55x the requests a
+    second on one core through zhie's whole app (``benchmarks/RESULTS.md``, "The service at student speed")."""
 
     header_timeout: float = Limits.header_timeout
     _head_timer: asyncio.TimerHandle | None = None
+    _head_bytes = 0
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._await_head()
 
+    def on_message_begin(self) -> None:
+        self._head_bytes = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._stop_clock()  # a request's head has come: the app's deadlines take over (the body's, the answer's)
+        super().on_headers_complete()
+
     def on_response_complete(self) -> None:
-        self._await_head()  # first: an answer may start the next, pipelined, request, which stops the clock
+        pipelined = bool(self.pipeline)  # the next request's head has come already: it starts now, on the app's clock
         super().on_response_complete()
-
-    def handle_events(self) -> None:
-        super().handle_events()
-        if self.cycle is not None and not self.cycle.response_complete:  # a request's head has come: the app's
-            self._stop_clock()  # deadlines take over (the body's, the answer's)
-
-    def handle_websocket_upgrade(self, event) -> None:
-        self._stop_clock()
-        super().handle_websocket_upgrade(event)
+        if not pipelined:
+            self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request the parser refused; 431 when it was refused for :meth:`_count_head`."""
+        if self._head_bytes <= MAX_HEAD_BYTES:
+            super().send_400_response(msg)
+            return
+        self.logger.info("%s:%d - closed: a request head over %d bytes", *(self.client or ("?", 0)), MAX_HEAD_BYTES)
+        text = f"the request's line and headers are over {MAX_HEAD_BYTES} bytes".encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; "
+                             b"charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(text), text))
+        self.transport.close()
+
+    def _count_head(self, size: int) -> None:
+        self._head_bytes += size
+        if self._head_bytes > MAX_HEAD_BYTES:  # stops the parser: uvicorn answers with send_400_response
+            raise ValueError(f"request head over {MAX_HEAD_BYTES} bytes")
 
     def _await_head(self) -> None:
         self._stop_clock()

@@ -145,8 +145,8 @@ def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOpt
           max_connections: int = ServeOptions.max_connections, retraining: Retraining | None = None,
           access_log: bool = ServeOptions.access_log) -> None:
     """Load ``model_dir`` (a model or export directory) in ``precision`` (:func:`zhie.load`) and serve it with uvicorn
-    until interrupted: its HTTP/1.1 protocol is h11's with the deadline for a request's head
-    (:class:`zhie.deploy.gate.HeaderTimeout`), even where httptools is installed. ``retraining``: new versions
+    until interrupted: its HTTP/1.1 protocol is httptools' with a deadline and a size limit for a request's head
+    (:class:`zhie.deploy.gate.HeaderTimeout`), on uvloop where it is installed. ``retraining``: new versions
     trained from Label Studio (:mod:`zhie.deploy.retrain`); the last one swapped in is served again on a restart."""
     import uvicorn
 
@@ -167,4 +167,4 @@ def serve(model_dir: str, *, host: str = ServeOptions.host, port: int = ServeOpt
     log_config["loggers"]["zhie"] = {"handlers": ["default"], "level": "INFO", "propagate": False}  # on stderr
     uvicorn.run(app, host=host, port=port, log_level="info", log_config=log_config, limit_concurrency=max_connections,
                 access_log=access_log,
-                http=header_timeout((limits or Limits()).header_timeout))  # h11, whatever else is installed
+                http=header_timeout((limits or Limits()).header_timeout))
