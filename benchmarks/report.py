@@ -547,6 +547,16 @@ def student_serve_table(key: str = "g/serve-students/") -> str:
                   "p50 / p99 ms", "errors"], body, right="12345678")
 
 
+def serve_stack_table() -> str:
+    """``benchmarks/serve.py --label``'s rows (``results/serve.jsonl``): one export served by two versions of ``zhie
+    serve`` in one session, each row with the offline rate its own run measured (the median of its passes)."""
+    body = [[r["label"], r["clients"], r["texts_per_request"], f"{r['sentences_per_s']:.0f}",
+             f"{r['offline_sentences_per_s']:.0f}", f"{100 * r['ratio']:.0f} %",
+             f"{r['p50_ms']:.1f} / {r['p99_ms']:.1f}", r["errors"]] for r in rows("serve.jsonl") if "label" in r]
+    return table(["server", "clients", "texts/request", "sentences/s", "offline/s", "share", "p50 / p99 ms", "errors"],
+                 body, right="1234567")
+
+
 STAGES = (("start, import, load", ("process", "import", "load")), ("read", ("read",)), ("tokenise", ("tokenise",)),
           ("batch", ("batch",)), ("graph", ("graph",)), ("decode", ("decode",)), ("JSON, write", ("json", "write")),
           ("other", ("other",)))
@@ -579,7 +589,7 @@ def tiny_export_table() -> str:
 
 def tiny_serve_table() -> str:
     """``benchmarks/serve.py`` on the tiny model (``results/serve.jsonl``): with and without batching."""
-    by = {(r["clients"], r["batching"]): r for r in rows("serve.jsonl")}
+    by = {(r["clients"], r["batching"]): r for r in rows("serve.jsonl") if "batching" in r}  # the first rows
     body = []
     for clients in sorted({c for c, _ in by}):
         on, off = by[clients, True], by[clients, False]
@@ -1016,6 +1026,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "startup": startup_table,
     "serve": serve_table,
     "student-serve": student_serve_table,
+    "serve-stack": serve_stack_table,
     "predict-stages": stages_table,
     "export": lambda: export_table("g/export-opset23/cluener-gp", "g/export-opset23/pd-gp"),
     "ort-graphs": ort_graphs_table,

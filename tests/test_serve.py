@@ -128,6 +128,32 @@ def test_malformed_json_and_wrong_types_are_422(ner_pipe, body):
         assert client.post("/predict", json={"texts": ["好"]}).status_code == 200  # the server is fine
 
 
+def test_the_gates_api_routes_refuse_what_is_not_their_request(ner_pipe):
+    """/predict, /embed and /similarity are answered by the gate (Service.answer), not FastAPI's router: a body that
+    is not JSON by its Content-Type gets 415, another method 405, a wrong request 422 with pydantic's errors located
+    in the body as FastAPI words them; /openapi.json still describes the three with their request models."""
+    with TestClient(create_app(ner_pipe)) as client:
+        for kind in (None, "text/plain", "application/x-www-form-urlencoded"):
+            r = client.post("/predict", content=b'{"texts": ["a"]}', headers={"content-type": kind} if kind else {})
+            assert r.status_code == 415 and "send 'Content-Type: application/json'" in r.json()["detail"], kind
+        for kind in ("application/json; charset=utf-8", "application/vnd.zhie+json"):
+            r = client.post("/predict", content=b'{"texts": ["a"]}', headers={"content-type": kind})
+            assert r.status_code == 200 and r.json() == [{"text": "a", "entities": []}], kind
+        r = client.get("/predict")
+        assert r.status_code == 405 and r.headers["allow"] == "POST"
+        r = client.post("/predict", json={"texts": ["a", 1]})
+        assert r.status_code == 422
+        assert r.json()["detail"] == [{"type": "string_type", "loc": ["body", "texts", 1],
+                                       "msg": "Input should be a valid string", "input": 1}]
+        r = client.post("/similarity", json={"a": ["a"]})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "b"]
+        schema = client.get("/openapi.json").json()
+        for path, model in (("/predict", "Texts"), ("/embed", "Texts"), ("/similarity", "Pairs")):
+            body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            assert body == {"$ref": f"#/components/schemas/{model}"}, path
+        assert set(schema["components"]["schemas"]["Pairs"]["properties"]) == {"a", "b"}
+
+
 def test_api_key_guards_every_endpoint_but_health_and_the_page(ner_pipe, sim_pipe):
     with TestClient(create_app(ner_pipe, api_key="s3cret")) as client:
         for method, path, body in [("get", "/info", None), ("post", "/predict", {"texts": ["好"]}),

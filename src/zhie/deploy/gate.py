@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from zhie.deploy.batcher import RETRY_AFTER_S
-from zhie.deploy.service import Limits, Service
+from zhie.deploy.service import API_ROUTES, Limits, Service
 
 API_KEY_ENV = "ZHIE_API_KEY"
 MAX_HEAD_BYTES = 16 * 1024  # a request's line and headers (h11's limit in uvicorn; 431 above)
@@ -40,8 +40,11 @@ class Gate:
     """ASGI middleware: what a request must pass before its body is read, cheapest first, each from the headers: the
     API key (401), the cap on requests in flight (503 with ``Retry-After``), the body's declared size (413); then it
     reads the body, counting the bytes as they arrive (413 and the connection closed at the first chunk past the
-    limit), and hands the app the whole body. The ``open_paths`` (``/health``, the page, the API description) need no
-    key and are not counted. ``service.in_flight`` counts the requests it let through that are not answered yet."""
+    limit), and hands the app the whole body; a POST to one of the service's API routes (``/predict``, ``/embed``,
+    ``/similarity``: :data:`zhie.deploy.service.API_ROUTES`) it answers itself, with :meth:`Service.answer`, past
+    FastAPI's routing (another method there gets 405). The ``open_paths`` (``/health``, the page, the API description)
+    need no key and are not counted. ``service.in_flight`` counts the requests it let through that are not answered
+    yet."""
 
     def __init__(self, app, service: Service, api_key: str | None, open_paths: frozenset[str]) -> None:
         self.app, self.service, self.api_key, self.open_paths = app, service, api_key, open_paths
@@ -63,6 +66,9 @@ class Gate:
                               "'Authorization: Bearer KEY' (or Basic authentication with KEY as the password)",
                               {"WWW-Authenticate": "Bearer"})
                 return
+        if scope["path"] in API_ROUTES and scope["method"] != "POST":
+            await _refuse(scope, receive, send, 405, f"{scope['path']} takes POST", {"Allow": "POST"})
+            return
         limit = self.service.limits.max_in_flight
         if self.service.in_flight >= limit:
             await _refuse(scope, receive, send, 503, f"the server is busy: it has the most requests in flight it "
@@ -78,7 +84,8 @@ class Gate:
     async def _read(self, scope, receive, send) -> None:
         limits, service = self.service.limits, self.service
         limit, budget = limits.body_bytes, 1_000_000 * limits.max_buffered_mb
-        length = dict(scope["headers"]).get(b"content-length", b"0").decode("latin-1")
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"0").decode("latin-1")
         if not length.isdigit() or int(length) > limit:
             await _refuse(scope, receive, send, 413, f"request body of {length} bytes is over the limit of {limit} "
                                                      "bytes")
@@ -116,11 +123,19 @@ class Gate:
                     service.buffered += size - held
                     held = size
                 buf[size - len(chunk):size] = chunk
-            body = [{"type": "http.request", "body": bytes(memoryview(buf)[:size]), "more_body": False}]
+            body = bytes(memoryview(buf)[:size])
             del buf  # one copy of the body for the rest of the request
+            if scope["path"] in API_ROUTES:  # answered here, past FastAPI's routing (Service.answer)
+                status, content, extra = await service.answer(scope["path"], headers.get(b"content-type", b""), body)
+                head = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
+                head += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()]
+                await send({"type": "http.response.start", "status": status, "headers": head})
+                await send({"type": "http.response.body", "body": content})
+                return
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
 
             async def replay():
-                return body.pop() if body else await receive()
+                return messages.pop() if messages else await receive()
 
             await self.app(scope, replay, send)
         finally:

@@ -43,7 +43,7 @@ from zhie.data import label_studio
 from zhie.deploy.gate import Gate, header_timeout, read_api_key
 from zhie.deploy.label_studio_backend import LABEL_STUDIO, add_label_studio_routes
 from zhie.deploy.retrain import Retrainer, Retraining, served_model
-from zhie.deploy.service import Batching, Limits, Service, add_api_routes
+from zhie.deploy.service import Batching, Limits, Service, add_api_routes, describe_api_routes
 from zhie.precision import PRECISIONS
 from zhie.version import __version__
 
@@ -117,6 +117,7 @@ def create_app(pipe, *, batching: Batching | None = None, limits: Limits | None 
     add_api_routes(app, service, settings)
     add_label_studio_routes(app, service, retrainer)
     _add_page_routes(app)
+    describe_api_routes(app)  # in what /openapi.json and /docs show
     return app
 
 
