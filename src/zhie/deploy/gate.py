@@ -77,14 +77,13 @@ class Gate:
             return
         self.service.in_flight += 1
         try:
-            await self._read(scope, receive, send)
+            await self._read(scope, headers, receive, send)
         finally:
             self.service.in_flight -= 1
 
-    async def _read(self, scope, receive, send) -> None:
+    async def _read(self, scope, headers: dict[bytes, bytes], receive, send) -> None:
         limits, service = self.service.limits, self.service
         limit, budget = limits.body_bytes, 1_000_000 * limits.max_buffered_mb
-        headers = dict(scope["headers"])
         length = headers.get(b"content-length", b"0").decode("latin-1")
         if not length.isdigit() or int(length) > limit:
             await _refuse(scope, receive, send, 413, f"request body of {length} bytes is over the limit of {limit} "
