@@ -7,6 +7,8 @@ them, of four GP models on CLUENER's dev set (which labels all 10 types):
 * ``old``: trained on the old types only;
 * ``extend``: the old model extended with the new types by ``zhie.fit(..., from_model=OLD)`` (``zhie train ner
   --from``): the new types learn from the gold labels, the old ones from the old model's outputs on the same texts;
+* ``extend`` with ``--old-types predictions`` (its line's ``model`` in ``eval``: ``extend-predictions``): the same,
+  with the spans the old model predicts as the old types' labels instead of its probabilities (pseudo-labels);
 * ``naive``: the same start and steps with ``old_types="gold"`` (``--old-types gold``), what users are told to do:
   fine-tune the old model on the new data alone, whose silence on the old types is taken as "none";
 * ``all-types``: a model trained on all 10 types at once (``--all-types MODEL``, e.g. the campaign's CLUENER 3-epoch GP
@@ -32,6 +34,8 @@ model from ``--old`` (default ``OUT/old/best``), so that each can be a row of it
     python benchmarks/forgetting.py --step old --out runs/forgetting --seed 1 --save-every 100
     python benchmarks/forgetting.py --step extend --out runs/forgetting --seed 1 --save-every 100
     python benchmarks/forgetting.py --step naive --out runs/forgetting --seed 1 --save-every 100
+    python benchmarks/forgetting.py --step extend --old-types predictions --out runs/forgetting --seed 1 \
+        --save-every 100                                      # in OUT/extend-predictions/
     python benchmarks/forgetting.py --step eval --out runs/forgetting --all-types runs/bench/cluener-gp/best
 
 Each step appends its JSON lines to ``benchmarks/results/forgetting.jsonl`` (a training step one, with its dev F1 per
@@ -61,7 +65,7 @@ from zhie.training.report import read_metrics
 
 STEPS = ("old", "extend", "naive", "eval")
 NEW_TYPES = ("book", "game", "movie")
-MODELS = ("old", "extend", "naive", "all-types")  # eval's lines, in this order
+MODELS = ("old", "extend", "extend-predictions", "naive", "all-types")  # eval's lines, in this order
 
 
 def annotation_pass(examples: list[NerExample], labels) -> list[NerExample]:
@@ -101,7 +105,7 @@ def step_data(args, step: str, out: Path) -> tuple[Path, Path, list[str], list[s
 def train_step(args, step: str, out: Path) -> dict:
     """Train ``step``'s model in ``out/step`` (resuming there) and describe the run."""
     train_file, dev_file, old, new = step_data(args, step, out)
-    run = out / step
+    run = out / run_name(args, step)
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every)
     start = time.time()
@@ -110,12 +114,13 @@ def train_step(args, step: str, out: Path) -> dict:
                           max_length=args.max_length, config=config, resume=True, progress=not args.quiet)
     else:  # the old model's encoder, head and settings; naive: every type taught by the new labels alone
         result = zhie.fit("ner", train_file, dev_file, out=run, from_model=old_model(args, out), head="gp",
-                          max_length=args.max_length, old_types="gold" if step == "naive" else "model",
+                          max_length=args.max_length, old_types="gold" if step == "naive" else args.old_types,
                           config=config, resume=True, progress=not args.quiet)
     history = read_metrics(run / "metrics.jsonl")
     examples = read_ner(train_file)
     return {"dataset": "cluener", "step": step, "old_types": old, "new_types": new,
-            "from": str(old_model(args, out)) if step != "old" else None, "encoder": args.encoder, "head": "gp",
+            "from": str(old_model(args, out)) if step != "old" else None,
+            **({"old_targets": args.old_types} if step == "extend" else {}), "encoder": args.encoder, "head": "gp",
             "epochs": args.epochs, "max_length": args.max_length, "seed": args.seed, **trained_with(run),
             "train_texts": len(examples), "train_spans": sum(len(ex.spans) for ex in examples),
             "dev": str(dev_file), "dev_f1": result["best"].get("f1"), "dev_precision": result["best"].get("precision"),
@@ -123,6 +128,12 @@ def train_step(args, step: str, out: Path) -> dict:
             "train_tokens_per_s": sum(h["tokens_per_s"] for h in history) / len(history),
             "train_s": round(time.time() - start), "teacher_targets": (run / "teacher" / "targets.pt").is_file(),
             "peak_memory_mb": peak_memory_mb(), **stamp(out)}
+
+
+def run_name(args, step: str) -> str:
+    """The directory of ``step`` under the run directory: ``extend-predictions`` for ``extend`` with ``--old-types
+    predictions``, else the step's name."""
+    return "extend-predictions" if step == "extend" and args.old_types == "predictions" else step
 
 
 def stamp(out: Path) -> dict:
@@ -152,16 +163,23 @@ def scores(model: Path, dev: list[NerExample], old: list[str], new: list[str], b
 
 
 def evaluate(args, out: Path) -> dict:
-    """Every model's :func:`scores` on CLUENER dev (``all-types`` only with ``--all-types``)."""
+    """The :func:`scores` on CLUENER dev of every model given, or found at its default place under ``out``
+    (``OUT/<step>/best``; ``all-types`` only when given)."""
     train_file, dev_file = dataset_files("cluener", out)
     old, new = split_types(args, read_ner(train_file))
     dev = read_ner(dev_file)
-    paths = {"old": old_model(args, out), "extend": Path(args.extended or out / "extend" / "best"),
-             "naive": Path(args.naive or out / "naive" / "best"),
-             "all-types": Path(args.all_types) if args.all_types else None}
+    given = {"old": args.old, "extend": args.extended, "extend-predictions": args.extended_predictions,
+             "naive": args.naive, "all-types": args.all_types}
+    defaults = {name: out / name / "best" for name in ("extend", "extend-predictions", "naive")}
+    defaults["old"] = old_model(args, out)
+    paths = {name: Path(given[name]) if given[name] else defaults.get(name) for name in MODELS}
+    paths = {name: path for name, path in paths.items() if path is not None and (given[name] or path.exists())}
+    if not paths:
+        raise SystemExit(f"eval: no model to score (none given, none under {out}); name them with --old, --extended, "
+                         "--extended-predictions, --naive, --all-types")
     lines = []
     for name in MODELS:
-        if paths[name] is None:
+        if name not in paths:
             continue
         lines.append({"dataset": "cluener", "step": "eval", "model": name, "path": str(paths[name]),
                       "old_types": old, "new_types": new, **scores(paths[name], dev, old, new, args.eval_batch_size),
@@ -185,9 +203,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--old", default=None, metavar="MODEL_DIR",
                    help="extend, naive, eval: the old model (default: OUT/old/best)")
     p.add_argument("--extended", default=None, metavar="MODEL_DIR", help="eval: default OUT/extend/best")
+    p.add_argument("--extended-predictions", default=None, metavar="MODEL_DIR",
+                   help="eval: default OUT/extend-predictions/best (extend with --old-types predictions)")
     p.add_argument("--naive", default=None, metavar="MODEL_DIR", help="eval: default OUT/naive/best")
     p.add_argument("--all-types", default=None, metavar="MODEL_DIR",
                    help="eval: a model trained on all the types at once (left out of the table without it)")
+    p.add_argument("--old-types", default="model", choices=("model", "predictions"),
+                   help="extend: what teaches the old types, the old model's probabilities or its predicted spans "
+                        "(zhie train ner --old-types)")
     p.add_argument("--encoder", default="e5-small", help="old: the encoder (the later steps take the old model's)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
@@ -204,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.step == "eval":
         lines = once(out / "eval", evaluate, args, out)["lines"]
     else:
-        lines = [once(out / args.step, train_step, args, args.step, out)]
+        lines = [once(out / run_name(args, args.step), train_step, args, args.step, out)]
     for line in lines:  # a step run in an earlier session: its lines again, as they were
         append_result("forgetting", line)
 

@@ -333,23 +333,25 @@ def students_table(section: str = "s/") -> str:
 
 FORGETTING_MODELS = {"old": "{old} old types only (their annotation pass)",
                      "extend": "extended with the {new} new (`--from`: the old model teaches its types)",
+                     "extend-predictions": "extended, the old model's predicted spans as labels (`--old-types "
+                                           "predictions`)",
                      "naive": "naive fine-tuning on the new labels (`--old-types gold`)",
                      "all-types": "all {all} at once"}
 
 
 def forgetting_table(lines: list[dict] | None = None) -> str:
     """``benchmarks/forgetting.py``'s ``eval`` lines (default: ``results/forgetting.jsonl``'s and the campaign's
-    ``f/`` rows'), one table row per model of each evaluation (its run directory; a rerun's line replaces the
-    earlier one): the micro-F1 over the old types, the new ones and all, and the old types' change against the model
-    of all the types at once of the same evaluation. No evaluation, no table (a line saying so)."""
+    ``f/`` rows'), one table row per model and seed (the evaluations of a seed together; a later line of a model
+    replaces the earlier one): the micro-F1 over the old types, the new ones and all, and the old types' change
+    against the model of all the types at once of the same seed. No evaluation, no table (a line saying so)."""
     if lines is None:
         lines = rows("forgetting.jsonl") + [r for line in campaign("f/") for r in line["results"]]
     evals = [r for r in lines if r.get("step") == "eval"]
     if not evals:
         return "_No rows yet: the campaign's `f/` rows (`benchmarks/forgetting.py`) have not run._"
-    runs: dict[str, dict[str, dict]] = {}
+    runs: dict[int, dict[str, dict]] = {}
     for r in evals:
-        runs.setdefault(r["run"], {})[r["model"]] = r
+        runs.setdefault(r["trained"]["seed"], {})[r["model"]] = r
     n_old, n_new = len(evals[0]["old_types"]), len(evals[0]["new_types"])
     body = []
     for models in runs.values():

@@ -172,7 +172,7 @@ def test_naive_fine_tuning_gives_the_old_types_gold_zeros_and_extending_the_old_
     from zhie.losses.distill import SPAN_MIN_PROB, span_soft_loss
 
     n_old = len(OLD_TYPES)
-    for old_types in ("gold", "model"):
+    for old_types in ("gold", "model", "predictions"):
         ext, model, (items, collate, objective) = run_parts(data, tmp_path / old_types, old_types)
         assert ext.config.labels == ["LOC", "PER", "ORG"] and ext.adds_types
         batch = collate(items[:16])
@@ -188,14 +188,18 @@ def test_naive_fine_tuning_gives_the_old_types_gold_zeros_and_extending_the_old_
             assert type(objective) is TaskLoss and "soft_cells" not in batch
             assert not (tmp_path / "gold" / "teacher").exists()  # the old model labelled nothing
             target = gold
-        else:  # the old model's probabilities for LOC and PER, gold for ORG
+        else:  # the old model's probabilities (or its predicted spans) for LOC and PER, gold for ORG
             assert ext.teaches and ext.gold_labels == ["ORG"]
             assert isinstance(objective, extend.ExtendObjective) and "soft_cells" in batch
             target = objective.targets(batch, logits)
             torch.testing.assert_close(target[:, n_old:], gold[:, n_old:])
             probs = torch.sigmoid(2 * old)
-            expected = torch.where(probs >= SPAN_MIN_PROB, probs, torch.zeros_like(probs))
-            torch.testing.assert_close(target[:, :n_old], expected, atol=2e-3, rtol=0)
+            if old_types == "model":
+                expected = torch.where(probs >= SPAN_MIN_PROB, probs, torch.zeros_like(probs))
+                torch.testing.assert_close(target[:, :n_old], expected, atol=2e-3, rtol=0)
+            else:  # the spans it predicts (a logit over 0), as labels; the cells it is unsure of are some
+                torch.testing.assert_close(target[:, :n_old], (old > 0).float())
+                assert ((probs > 0.01) & (probs < 0.99))[:, :n_old].any()
             assert target[:, :n_old].max() > 0.9  # the texts' PER and LOC mentions, unlabelled, taught as entities
         torch.testing.assert_close(loss, span_soft_loss(logits, target).mean(), atol=1e-4, rtol=1e-4)
 

@@ -56,14 +56,18 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     lines = {}
     for name in ("old", "extend", "naive"):
         (lines[name],) = step(tmp_path, "--step", name, "--out", str(out), *TINY)
+    (lines["predictions"],) = step(tmp_path, "--step", "extend", "--old-types", "predictions", "--out", str(out), *TINY)
     old = lines["old"]
     assert (old["step"], old["old_types"], old["new_types"], old["from"]) == ("old", ["LOC", "PER"], ["ORG"], None)
     assert old["train_texts"] == 96 and len(old["f1_per_epoch"]) == 2 and 0 <= old["dev_f1"] <= 1
-    for name in ("extend", "naive"):  # the same 96 texts, labelled for ORG only, from the old model
+    for name in ("extend", "naive", "predictions"):  # the same 96 texts, labelled for ORG only, from the old model
         line = lines[name]
         assert line["train_texts"] == 96 and line["from"] == str(out / "old" / "best")
         assert line["dev"].endswith("cluener/dev.json") and {"machine", "date", "command", "run"} <= line.keys()
     assert lines["extend"]["teacher_targets"] and not lines["naive"]["teacher_targets"]
+    assert (lines["extend"]["old_targets"], lines["predictions"]["old_targets"]) == ("model", "predictions")
+    assert lines["predictions"]["teacher_targets"] and lines["predictions"]["run"] == lines["extend"]["run"]
+    assert (out / "extend-predictions" / "best").is_dir()  # a directory of its own beside extend/
     assert lines["extend"]["train_spans"] == lines["naive"]["train_spans"] < old["train_spans"]
     assert zhie.load(out / "naive" / "best").task.config.labels == ["LOC", "PER", "ORG"]
 
@@ -72,7 +76,7 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
 
     evaluated = step(tmp_path, "--step", "eval", "--out", str(out), "--all-types", str(every), "--new-types", "ORG",
                      "--quiet")
-    assert [e["model"] for e in evaluated] == ["old", "extend", "naive", "all-types"]
+    assert [e["model"] for e in evaluated] == ["old", "extend", "extend-predictions", "naive", "all-types"]
     for e in evaluated:
         assert set(e["per_type"]) <= {"LOC", "ORG", "PER"} and {"LOC", "PER"} <= set(e["per_type"])
         for figures in (*e["per_type"].values(), e["old_micro"], e["new_micro"], e["all_micro"]):
@@ -85,6 +89,10 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     made = report.forgetting_table([*lines.values(), *evaluated]).splitlines()
-    assert len(made) == 2 + 4 and made[0].startswith("| model |"), made
+    assert len(made) == 2 + 5 and made[0].startswith("| model |"), made
+    apart = report.forgetting_table([*evaluated[:2], *step(tmp_path, "--step", "eval", "--out", str(tmp_path / "e2"),
+                                                           "--old", str(out / "old" / "best"), "--all-types",
+                                                           str(every), "--new-types", "ORG", "--quiet")])
+    assert apart.splitlines()[2:] == [made[2], made[3], made[-1]]  # one seed's evaluations are one block
     assert "all 3 at once" in made[-1] and made[-1].endswith("| – |")
     assert not report.forgetting_table([]).startswith("|")  # no evaluation, no table

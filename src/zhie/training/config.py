@@ -28,7 +28,8 @@ WATCH = "watching the run"
 
 
 KEEP_TOKENS = ("auto", "all", "cjk", "data")
-OLD_TYPES = ("model", "gold")  # --from: what teaches the old types that the new data does not label (training.extend)
+# --from: what teaches the old types that the new data does not label (training.extend)
+OLD_TYPES = ("model", "predictions", "gold")
 
 
 @dataclass
@@ -50,7 +51,8 @@ class RunOptions:
                                           "types by teaching them on the new texts (gp/egp heads; no new type: "
                                           "continued training)", flags=("--from",), metavar="MODEL")
     old_types: str = option("model", "ner, with --from: what teaches the model's types that --train does not label: "
-                                     "model (its own outputs on the new texts, which keeps them) or gold (--train's "
+                                     "model (its own outputs on the new texts, as soft targets, which keeps them), "
+                                     "predictions (the spans it predicts there, as 0/1 labels) or gold (--train's "
                                      "labels alone, which take its silence as no entity: naive fine-tuning, which "
                                      "forgets them; a baseline)", choices=OLD_TYPES)
 

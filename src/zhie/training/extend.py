@@ -14,7 +14,9 @@ What each type learns from, on the new training texts (:class:`ExtendObjective`)
 * the old types that the new data does not label: the old model's outputs as soft targets, as ``zhie distill student``
   learns from a teacher (:func:`zhie.training.teachers.teacher_lessons`: computed once, stored in
   ``OUT/teacher/targets.pt``; :func:`zhie.losses.distill.span_soft_loss` at temperature 1), since the new data's
-  silence on them is no evidence that a text has none.
+  silence on them is no evidence that a text has none. With ``old_types="predictions"`` (``--old-types
+  predictions``) the same stored outputs teach as 0/1 labels instead: the spans the old model predicts (probability
+  over 0.5, a logit over 0: its decoder's threshold), as if they were gold (pseudo-labels).
 
 The two are one soft multilabel cross-entropy over every type, whose target is the old model's probabilities for the
 old types and 0/1 for the gold ones (the soft loss with 0/1 targets is the head's own loss). Heads: ``gp`` and
@@ -72,6 +74,7 @@ class Extension:
     encoder: str  # the encoder the old model was trained from (its training.json), or the one given
     new_labels: list[str]
     gold_labels: list[str]
+    old_types: str  # what teaches the old types (OLD_TYPES): the old model's probabilities, its predictions, or gold
 
     @property
     def adds_types(self) -> bool:
@@ -136,9 +139,11 @@ def prepare(cls, from_model: str | os.PathLike, examples: list, *, encoder: str,
                     from_model, len(new), ", ".join(new), len(old.labels), ", ".join(old.labels),
                     ", ".join(kept) or "no old type")
     elif new:
-        logger.info("--from %s: %d new type(s) %s after its %d (%s); the old model teaches %s on the new texts, the "
-                    "gold labels teach %s", from_model, len(new), ", ".join(new), len(old.labels),
-                    ", ".join(old.labels), ", ".join(kept) or "no type", ", ".join(found))
+        logger.info("--from %s: %d new type(s) %s after its %d (%s); the old model teaches %s on the new texts (%s), "
+                    "the gold labels teach %s", from_model, len(new), ", ".join(new), len(old.labels),
+                    ", ".join(old.labels), ", ".join(kept) or "no type",
+                    "its predicted spans as labels" if old_types == "predictions" else "its probabilities",
+                    ", ".join(found))
     else:
         logger.info("--from %s: the training data has no entity type that the model lacks: this is continued "
                     "training (a warm start) of the model on the new data's labels, with no soft targets", from_model)
@@ -147,7 +152,7 @@ def prepare(cls, from_model: str | os.PathLike, examples: list, *, encoder: str,
                            "as absent from its texts", ", ".join(kept))
     return Extension(path, task, model, config, {**options, **merged},
                      trained_from if encoder == default_encoder and trained_from else encoder, new,
-                     list(config.labels) if old_types == "gold" else found)
+                     list(config.labels) if old_types == "gold" else found, old_types)
 
 
 def _trained_encoder(path: Path) -> str | None:
@@ -198,11 +203,13 @@ class ExtendObjective(nn.Module):
     """``objective(model, batch)``: the soft multilabel cross-entropy (:func:`zhie.losses.distill.span_soft_loss`)
     of every type's span logits against the old model's stored probabilities (``batch["soft_cells"]``,
     ``["soft_probs"]``) for the old types, and against the gold cells (``batch["labels"]``) for the types of
-    ``gold`` (indices), which replace the old model's there; averaged over the batch and the types."""
+    ``gold`` (indices), which replace the old model's there; averaged over the batch and the types. ``hard``: the old
+    model's probabilities made 0/1 at 0.5 (its predicted spans) before the gold cells replace them."""
 
-    def __init__(self, task, gold: list[int]) -> None:
+    def __init__(self, task, gold: list[int], hard: bool = False) -> None:
         super().__init__()
         self.task = task
+        self.hard = hard
         self.register_buffer("gold", torch.tensor(gold, dtype=torch.long), persistent=False)
 
     def forward(self, model: Model, batch: dict[str, Tensor]) -> Tensor:
@@ -213,11 +220,13 @@ class ExtendObjective(nn.Module):
         return span_soft_loss(logits, self.targets(batch, logits), 1.0).mean()
 
     def targets(self, batch: dict[str, Tensor], logits: Tensor) -> Tensor:
-        """The dense target ``[b, types, n, n]`` of the span ``logits`` of ``batch``: the old model's probabilities,
-        replaced by the 0/1 gold cells for the types of ``gold``."""
+        """The dense target ``[b, types, n, n]`` of the span ``logits`` of ``batch``: the old model's probabilities
+        (0/1 at 0.5 if :attr:`hard`), replaced by the 0/1 gold cells for the types of ``gold``."""
         from zhie.losses.distill import dense_targets
 
         target = dense_targets(batch["soft_cells"], batch["soft_probs"], logits)
+        if self.hard:
+            target = (target > 0.5).float()
         target[:, self.gold] = gold_targets(batch["labels"], logits)[:, self.gold]
         return target
 
@@ -274,4 +283,4 @@ def lessons(ext: Extension, task, items: list, out: Path, train_path, format: st
     def collate(batch: list) -> dict[str, Tensor]:
         return task.soft_batch(task.collate([b.item for b in batch]), [b.target for b in batch])
 
-    return stored["lessons"], collate, ExtendObjective(task, gold)
+    return stored["lessons"], collate, ExtendObjective(task, gold, hard=ext.old_types == "predictions")

@@ -53,7 +53,8 @@ def fit(task: str | type[Task], train_path: str | os.PathLike | None = None,
     :class:`~zhie.training.rdrop.RDropLoss` (taggers only); the other training options of ``config`` act in the loop.
     ``from_model`` (``ner`` only): start from that trained model, adding the entity types of ``train_path`` that it
     lacks and keeping its own (:mod:`zhie.training.extend`); ``old_types="gold"``: the old types that ``train_path``
-    does not label learn from its labels alone, as absent (naive fine-tuning, a baseline).
+    does not label learn from its labels alone, as absent (naive fine-tuning, a baseline); ``"predictions"``: from the
+    spans the old model predicts on its texts, as 0/1 labels (``"model"``: its probabilities, soft targets).
     """
     cls = tasks.get(task) if isinstance(task, str) else task
     given = config = config or TrainConfig()  # given: as the caller set it, rates None (derived) included
