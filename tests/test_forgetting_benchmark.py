@@ -90,9 +90,8 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     spec.loader.exec_module(report)
     made = report.forgetting_table([*lines.values(), *evaluated]).splitlines()
     assert len(made) == 2 + 5 and made[0].startswith("| model |"), made
-    apart = report.forgetting_table([*evaluated[:2], *step(tmp_path, "--step", "eval", "--out", str(tmp_path / "e2"),
-                                                           "--old", str(out / "old" / "best"), "--all-types",
-                                                           str(every), "--new-types", "ORG", "--quiet")])
-    assert apart.splitlines()[2:] == [made[2], made[3], made[-1]]  # one seed's evaluations are one block
+    elsewhere = [{**e, "run": str(tmp_path / "another-eval")} for e in (evaluated[0], evaluated[-1])]
+    apart = report.forgetting_table([evaluated[1], *elsewhere])  # one seed's evaluations, in two runs: one block
+    assert apart.splitlines()[2:] == [made[2], made[3], made[-1]], apart
     assert "all 3 at once" in made[-1] and made[-1].endswith("| – |")
     assert not report.forgetting_table([]).startswith("|")  # no evaluation, no table
