@@ -34,9 +34,10 @@ SUMMARY = "pretrain.json"     # pre-training's settings and summary
 
 class RunDir:
     """A task's run directory: ``checkpoint.pt`` (replaced atomically), ``metrics.jsonl`` (the step records and the
-    evaluations' records), ``training.png`` (drawn at each evaluation, and at a step record when the last drawing
-    is ``PLOT_EVERY_S`` old), ``best/`` (``save_best(model, directory)`` fills a temporary directory that then
-    replaces it) and the trackers' directories."""
+    evaluations' records), ``training.png`` (drawn at a record when the last drawing is ``PLOT_EVERY_S`` old, and at
+    the run's last checkpoint: ~0.8 s of matplotlib a drawing, which a short run's every evaluation paid),
+    ``best/`` (``save_best(model, directory)`` fills a temporary directory that then replaces it) and the trackers'
+    directories."""
 
     PLOT_EVERY_S = 30.0
 
@@ -60,12 +61,17 @@ class RunDir:
 
     def log(self, record: dict, history: list[dict]) -> None:
         append_jsonl(self.out_dir / METRICS, record)
-        if record["kind"] == "eval" or time.monotonic() - self.plotted >= self.PLOT_EVERY_S:
-            plot_history(history, self.out_dir / PLOT, self.metric)
-            self.plotted = time.monotonic()
+        if time.monotonic() - self.plotted >= self.PLOT_EVERY_S:
+            self.plot(history)
+
+    def plot(self, history: list[dict]) -> None:
+        plot_history(history, self.out_dir / PLOT, self.metric)
+        self.plotted = time.monotonic()
 
     def save(self, checkpoint: dict, history: list[dict]) -> None:
         atomic_torch_save(checkpoint, self.checkpoint_path)
+        if checkpoint["progress"]["finished"]:
+            self.plot(history)
 
     def save_best(self, model: nn.Module) -> None:
         if self.writer is not None:
