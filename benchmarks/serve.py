@@ -13,7 +13,8 @@ Three processes on disjoint CPUs (Linux CPU affinity), so that the client does n
    (``Pipeline.stream`` over chunks of ``--chunk-lines`` texts, sorted by length inside, ``--batch-size``, each
    prediction written as ``zhie.deploy.outputs.output_line`` writes it)
    over all the texts ``--offline-passes`` times, after a warm-up call -> the median pass's sentences/s;
-2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--batch-size``;
+2. the server: ``zhie serve`` on ``--server-cpus`` with ``--max-batch``, ``--max-wait-ms`` and ``--server-batch-size``
+   (its ``--batch-size``);
 3. the client: this process, on ``--client-cpus``: for each number of texts per request k of ``--texts-per-request``
    and each concurrency level N of ``--clients``, N keep-alive connections each send k texts per request (the next k
    of the shuffled texts; a minimal HTTP/1.1 client on asyncio streams, so that the client's own work stays small)
@@ -29,8 +30,8 @@ that is not 200, or none), the server's resident memory when the warm-up ends an
 The server's settings for k texts per request (:mod:`zhie.deploy.service`): ``--max-batch`` stays the server's
 default, 64 texts per model call. The batcher takes the oldest requests while they fit in ``max_batch`` texts and
 never splits one, so a call holds two 32-text requests (64 single texts), and inside it the texts are sorted by length
-into forward passes of at most ``--batch-size`` (32), as ``zhie predict`` cuts its chunks: a multiple of 32 leaves no
-room unused, and it is what a user of ``zhie serve`` gets. A larger ``--max-batch`` sorts more texts together (less
+into forward passes of at most ``--server-batch-size`` (the server's default, 16; ``zhie predict``'s ``--batch-size``
+is 32): what a user of ``zhie serve`` gets. A larger ``--max-batch`` sorts more texts together (less
 padding) but makes every request of a call wait for the whole call. ``--max-wait-ms`` is the server's default (0:
 a call starts as soon as the model is free; with 5, the old default, a lone 32-text request waited 5 ms for a second
 that never came). The limits must not refuse the load: 32 texts are far within ``--max-texts`` (256) and
@@ -257,7 +258,9 @@ def main() -> None:
     p.add_argument("--max-batch", type=int, default=Batching.max_batch, help="zhie serve's (default: its default)")
     p.add_argument("--max-wait-ms", type=float, default=Batching.max_wait_ms,
                    help="zhie serve's (default: its default)")
-    p.add_argument("--batch-size", type=int, default=32, help="zhie predict's and the server's")
+    p.add_argument("--batch-size", type=int, default=32, help="zhie predict's")
+    p.add_argument("--server-batch-size", type=int, default=Batching.batch_size,
+                   help="zhie serve's --batch-size (default: its default)")
     p.add_argument("--chunk-lines", type=int, default=4096, help="zhie predict's")
     p.add_argument("--offline-passes", type=int, default=5, help="passes over the texts of the offline run (median)")
     p.add_argument("--big-body-mb", type=int, default=200, help="one chunked body of this size first (0: none)")
@@ -292,7 +295,7 @@ def main() -> None:
     torch.set_num_threads(len(args.server_cpus))  # what machine() reports: the server's threads (the client has none)
     limits = limit_flags(levels, shapes)
     flags = ["--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms),
-             "--batch-size", str(args.batch_size), *limits]
+             "--batch-size", str(args.server_batch_size), *limits]
     port = free_port()
     server = start_server(args.model, port, args.server_cpus, flags)
     try:
@@ -313,6 +316,7 @@ def main() -> None:
                     "offline_sentences_per_s": round(offline, 2), "offline_passes": passes,
                     "ratio": round(row["sentences_per_s"] / offline, 3),
                     "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms, "batch_size": args.batch_size,
+                    "server_batch_size": args.server_batch_size,
                     "server_flags": limits, "runtime": runtime, "data": args.data, "texts": len(texts),
                     "seconds": args.seconds, "model": Path(args.model).name, "model_path": args.model,
                     "label": args.label or Path(args.model).name,

@@ -66,7 +66,7 @@ def test_health_info_docs_and_page(ner_pipe):
         assert info["task"] == "ner" and info["output_key"] == "entities"
         assert info["labels"] == ["LOC", "ORG", "PER"] and info["encoder"] == "bert"
         assert info["zhie_version"] == zhie.__version__ and info["runtime"] == "torch"
-        assert info["batching"] == {"max_batch": 8, "max_wait_ms": 2, "batch_size": 32, "max_queue": 1024,
+        assert info["batching"] == {"max_batch": 8, "max_wait_ms": 2, "batch_size": 16, "max_queue": 1024,
                                     "timeout": 30.0}
         assert client.get("/docs").status_code == 200
         paths = set(client.get("/openapi.json").json()["paths"])

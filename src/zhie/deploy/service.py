@@ -87,15 +87,16 @@ class Limits:
 @dataclass(frozen=True)
 class Batching:
     """How requests become model calls: at most ``max_batch`` texts per call, gathered for at most ``max_wait_ms``
-    after the oldest request came; forward passes of at most ``batch_size`` texts inside a call (``zhie predict``'s
-    ``--batch-size``); at most ``max_queue`` texts waiting (503 above); ``timeout`` seconds for a request's answer
-    (504 after; None: no limit)."""
+    after the oldest request came; forward passes of at most ``batch_size`` texts inside a call (16: a call of 64
+    texts in passes of 32 ran a 128-wide student 5-8 % slower, ``benchmarks/RESULTS.md``); at most ``max_queue``
+    texts waiting (503 above); ``timeout`` seconds for a request's answer (504 after; None: no limit)."""
 
     max_batch: int = option(64, "texts per model call, gathered across requests (1: no batching)", type=positive_int)
     max_wait_ms: float = option(0.0, "how long a call waits for more requests after the oldest came (0: it starts as "
                                      "soon as the model is free, and the requests that come during a call make the "
                                      "next one)")
-    batch_size: int = option(32, "texts per forward pass inside a call, of similar lengths (as zhie predict's)",
+    batch_size: int = option(16, "texts per forward pass inside a call, of similar lengths (half zhie predict's 32: "
+                                 "a call holds only the texts in flight, and smaller passes follow their lengths)",
                              type=positive_int)
     max_queue: int = option(1024, "texts waiting for the model (503 with Retry-After above)", type=positive_int)
     timeout: float | None = option(30.0, "seconds a request may take (504 after; texts not yet run are dropped); 0: no "
