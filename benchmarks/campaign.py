@@ -50,10 +50,10 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+import tomllib
+from datetime import UTC, datetime
 from pathlib import Path
 
-import tomllib
 from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock, portable_paths
 from gpu_campaign import ENCODER_SCRIPTS
 
@@ -372,7 +372,7 @@ def _tail(stream, n: int = 40) -> str:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,8 @@ import shlex
 import shutil
 import subprocess
 import tarfile
-
 import tomllib
+
 from common import DATA, ROOT
 
 from zhie import encoders

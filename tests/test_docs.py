@@ -49,16 +49,12 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

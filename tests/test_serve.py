@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import select
 import shutil
 import socket
@@ -819,7 +820,9 @@ def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_s
         errors = []
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(live_server + "/")
-        page.wait_for_function("document.getElementById('model').textContent.length > 0")
+        # selectors, not wait_for_function: its polling evaluates a string in the page, which the page's CSP (no
+        # 'unsafe-eval') refuses whenever the condition is not already true at the first look
+        page.wait_for_selector("#model:not(:empty)")
         page.fill("#text", text)
         page.click("#run")
         page.wait_for_selector("section.result .ent")
@@ -840,7 +843,7 @@ def test_page_in_headless_chromium_shows_nested_entities_and_escapes_text(live_s
         assert not errors
         page.fill("#text", "吕洋琼在清宁县银行工作，蔡涛勇毕业于新平省基金会，住在湖南区。")
         page.click("#run")
-        page.wait_for_function("document.querySelector('section.result .doc').textContent.startsWith('吕洋琼')")
+        page.locator("section.result .doc", has_text=re.compile("^吕洋琼")).first.wait_for()
         page.screenshot(path=str(tmp_path / "serve_page.png"), full_page=True)  # a test writes under tmp_path only
         browser.close()
     assert (tmp_path / "serve_page.png").read_bytes().startswith(b"\x89PNG")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import reprlib
-import sys
 import textwrap
 from typing import Any
 
@@ -65,10 +64,8 @@ def decoded(path: str | os.PathLike, raw: bytes, error: type[ValueError] = Value
 def load_toml(path: str | os.PathLike, error: type[ValueError] = ValueError) -> dict[str, Any]:
     """The TOML file ``path`` (:func:`decoded`) as a table; bad TOML raises ``error`` ``path:LINE: not valid TOML:
     reason (column C)``. A missing file raises ``FileNotFoundError``."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
+    import tomllib
+
     with open(path, "rb") as f:
         text = decoded(path, f.read(), error)
     try:

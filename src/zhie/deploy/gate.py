@@ -97,31 +97,36 @@ class Gate:
         try:
             # One buffer of the declared length, its pages touched as the bytes come (a chunked body's grows): not a
             # list of the parts to join, which holds the body twice and leaves the allocator's heap full of holes
-            buf, size, more = bytearray(held), 0, True
-            deadline = asyncio.get_running_loop().time() + limits.body_timeout
-            while more:
-                try:
-                    message = await asyncio.wait_for(receive(), deadline - asyncio.get_running_loop().time())
-                except TimeoutError:
-                    await _refuse(scope, receive, send, 408, f"the request body did not arrive within "
-                                                             f"{limits.body_timeout:g} s")
-                    return
-                if message["type"] != "http.request":  # the client went away
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                more = message.get("more_body", False)
-                if size > limit:
-                    await _refuse(scope, receive, send, 413, f"request body over the limit of {limit} bytes (reading "
-                                                             f"stopped at {size} bytes)")
-                    return
-                if size > held:  # past what was declared (chunked): held as it arrives, within the budget
-                    if service.buffered + size - held > budget:
-                        await _busy(scope, receive, send, budget)
-                        return
-                    service.buffered += size - held
-                    held = size
-                buf[size - len(chunk):size] = chunk
+            buf, size, more, refusal = bytearray(held), 0, True, None
+            try:
+                # one deadline for the whole body (a timer, not a task per message as asyncio.wait_for makes one)
+                async with asyncio.timeout(limits.body_timeout):
+                    while more:
+                        message = await receive()
+                        if message["type"] != "http.request":  # the client went away
+                            return
+                        chunk = message.get("body", b"")
+                        size += len(chunk)
+                        more = message.get("more_body", False)
+                        if size > limit:
+                            refusal = 413, (f"request body over the limit of {limit} bytes (reading stopped at "
+                                            f"{size} bytes)")
+                            break
+                        if size > held:  # past what was declared (chunked): held as it arrives, within the budget
+                            if service.buffered + size - held > budget:
+                                refusal = "busy"
+                                break
+                            service.buffered += size - held
+                            held = size
+                        buf[size - len(chunk):size] = chunk
+            except TimeoutError:
+                refusal = 408, f"the request body did not arrive within {limits.body_timeout:g} s"
+            if refusal == "busy":
+                await _busy(scope, receive, send, budget)
+                return
+            if refusal is not None:
+                await _refuse(scope, receive, send, *refusal)
+                return
             body = bytes(memoryview(buf)[:size])
             del buf  # one copy of the body for the rest of the request
             if scope["path"] in API_ROUTES:  # answered here, past FastAPI's routing (Service.answer)

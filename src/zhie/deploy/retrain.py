@@ -45,7 +45,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from zhie.core.files import append_whole, atomic_write_text
@@ -222,7 +222,7 @@ class Retrainer:
                 (project_id, place), self.again = self.again, None
 
     def _record(self, line: dict) -> None:
-        line["date"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        line["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         append_whole(self.dir / VERSIONS, (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8"))
         logger.warning("retraining: %s", line.get("outcome"))
 

@@ -215,13 +215,6 @@ def load_file(path: Path) -> dict:
         except yaml.YAMLError as err:
             raise ConfigError(f"{path}: not valid YAML: {err}") from None
     elif path.suffix == ".toml":
-        try:
-            import tomllib  # noqa: F401  (config_file.load_toml's)
-        except ImportError:  # Python 3.10: its backport, a dependency there
-            try:
-                import tomli  # noqa: F401
-            except ImportError:
-                raise ConfigError(f"{path}: reading TOML on Python 3.10 needs tomli: pip install tomli") from None
         data = config_file.load_toml(path, ConfigError)
     else:
         raise ConfigError(f"{path}: a multi-task config is a .toml file (or .yaml with PyYAML installed)")

@@ -18,7 +18,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from zhie.core import card
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 def now() -> str:
     """The time, UTC, to the second, ISO 8601."""
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
 
 
 def file_facts(role: str, path: str | os.PathLike) -> dict:
