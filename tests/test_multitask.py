@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 
 import pytest
@@ -116,26 +115,9 @@ def test_yaml_configs_without_pyyaml_say_to_use_toml(made_up, monkeypatch):
         read_config(made_up / "mt.yaml")
 
 
-def test_without_tomllib_every_task_imports_and_a_toml_config_says_what_to_install(tmp_path):
-    """Python 3.10 (which the package supports) has no tomllib: every task still imports, and a TOML config needs
-    tomli (a dependency there); here both are made missing."""
-    (tmp_path / "mt.toml").write_text("[[tasks]]\n", encoding="utf-8")
-    code = ("import sys; sys.modules['tomllib'] = sys.modules['tomli'] = None\n"
-            "from zhie import tasks\n"
-            "print(' '.join(sorted(t.name for t in tasks.all_tasks())))\n"
-            "from zhie.tasks.multitask import ConfigError, read_config\n"
-            "try:\n    read_config(sys.argv[1])\nexcept ConfigError as err:\n    print(err)\n")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mt.toml")], capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr
-    names, message = result.stdout.splitlines()
-    assert {"multitask", "ner", "cws", "re", "similarity"} <= set(names.split())
-    assert message == f"{tmp_path / 'mt.toml'}: reading TOML on Python 3.10 needs tomli: pip install tomli"
-
-
 def test_a_yaml_config_reads_like_the_toml_one(made_up):
     yaml = pytest.importorskip("yaml")
-    tomllib = pytest.importorskip("tomllib")
+    import tomllib
 
     (made_up / "same.yaml").write_text(yaml.safe_dump(tomllib.loads((made_up / "mt.toml").read_text())))
     assert read_config(made_up / "same.yaml") == read_config(made_up / "mt.toml")
