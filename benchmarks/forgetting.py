@@ -170,17 +170,19 @@ def evaluate(args, out: Path) -> dict:
     dev = read_ner(dev_file)
     given = {"old": args.old, "extend": args.extended, "extend-predictions": args.extended_predictions,
              "naive": args.naive, "all-types": args.all_types}
-    defaults = {name: out / name / "best" for name in ("extend", "extend-predictions", "naive")}
-    defaults["old"] = old_model(args, out)
-    paths = {name: Path(given[name]) if given[name] else defaults.get(name) for name in MODELS}
-    paths = {name: path for name, path in paths.items() if path is not None and (given[name] or path.exists())}
+    defaults = {"old": old_model(args, out), **{name: out / name / "best"
+                                                for name in ("extend", "extend-predictions", "naive")}}
+    paths = {}  # in MODELS' order
+    for name in MODELS:
+        if given[name]:
+            paths[name] = Path(given[name])
+        elif name in defaults and defaults[name].exists():
+            paths[name] = defaults[name]
     if not paths:
         raise SystemExit(f"eval: no model to score (none given, none under {out}); name them with --old, --extended, "
                          "--extended-predictions, --naive, --all-types")
     lines = []
-    for name in MODELS:
-        if name not in paths:
-            continue
+    for name in paths:
         lines.append({"dataset": "cluener", "step": "eval", "model": name, "path": str(paths[name]),
                       "old_types": old, "new_types": new, **scores(paths[name], dev, old, new, args.eval_batch_size),
                       "trained": trained_of(paths[name]), **stamp(out)})
@@ -223,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-batch-size", type=int, default=64)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.old_types != "model" and args.step != "extend":
+        p.error(f"--old-types {args.old_types} is an option of --step extend (naive is --old-types gold by design)")
     out = Path(args.out)
     if args.step == "eval":
         lines = once(out / "eval", evaluate, args, out)["lines"]

@@ -95,3 +95,12 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     assert apart.splitlines()[2:] == [made[2], made[3], made[-1]], apart
     assert "all 3 at once" in made[-1] and made[-1].endswith("| – |")
     assert not report.forgetting_table([]).startswith("|")  # no evaluation, no table
+
+
+def test_old_types_is_refused_outside_the_extend_step(tmp_path):
+    env = {**os.environ, "ZHIE_RESULTS": str(tmp_path / "results"), "ZHIE_CAMPAIGN_DIR": str(tmp_path / "campaign"),
+           "PYTHONPATH": str(ROOT / "src")}
+    run = subprocess.run([sys.executable, str(SCRIPT), "--step", "naive", "--old-types", "predictions", "--out",
+                          str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "--old-types predictions is an option of --step extend" in run.stderr, run.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "results").exists()

@@ -83,8 +83,8 @@ class TextTokenizer:
         self._token_id = tokenizer.backend_tokenizer.token_to_id
         self._normalizer = tokenizer.backend_tokenizer.normalizer
         self._char_ids: dict[str, int | None] = {}
-        # ids of tokens that stand for no character of their own (SentencePiece's lone metaspace)
-        self._empty_ids = {i for i in (self._token_id("\u2581"),) if i is not None}
+        # the token that stands for no character of its own (SentencePiece's lone metaspace; None: there is none)
+        self._empty_id = self._token_id("\u2581")
 
     def __call__(self, text: str) -> Encoding:
         return self.encode_char(text) if self.mode == "char" else self.encode_subword(text)
@@ -127,7 +127,7 @@ class TextTokenizer:
         out = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, starts, ends = list(out["input_ids"]), [], []
         for token, (s, e) in zip(ids, out["offset_mapping"]):
-            if token in self._empty_ids:
+            if token == self._empty_id:
                 s = e
             while s < e and text[s].isspace():
                 s += 1

@@ -24,6 +24,7 @@ import base64
 import binascii
 import os
 import secrets
+from functools import partial
 from pathlib import Path
 
 from fastapi.responses import JSONResponse
@@ -109,23 +110,21 @@ class Gate:
                         size += len(chunk)
                         more = message.get("more_body", False)
                         if size > limit:
-                            refusal = 413, (f"request body over the limit of {limit} bytes (reading stopped at "
-                                            f"{size} bytes)")
+                            refusal = partial(_refuse, scope, receive, send, 413, f"request body over the limit of "
+                                              f"{limit} bytes (reading stopped at {size} bytes)")
                             break
                         if size > held:  # past what was declared (chunked): held as it arrives, within the budget
                             if service.buffered + size - held > budget:
-                                refusal = "busy"
+                                refusal = partial(_busy, scope, receive, send, budget)
                                 break
                             service.buffered += size - held
                             held = size
                         buf[size - len(chunk):size] = chunk
             except TimeoutError:
-                refusal = 408, f"the request body did not arrive within {limits.body_timeout:g} s"
-            if refusal == "busy":
-                await _busy(scope, receive, send, budget)
-                return
-            if refusal is not None:
-                await _refuse(scope, receive, send, *refusal)
+                refusal = partial(_refuse, scope, receive, send, 408, f"the request body did not arrive within "
+                                  f"{limits.body_timeout:g} s")
+            if refusal is not None:  # sent outside the body's deadline, which must not cut an answer short
+                await refusal()
                 return
             body = bytes(memoryview(buf)[:size])
             del buf  # one copy of the body for the rest of the request
