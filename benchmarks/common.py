@@ -97,10 +97,11 @@ def machine() -> str:
 def portable_paths(text: str, runs: Path | str = CAMPAIGN_DIR / "runs", tree: Path | str | None = ROOT,
                    beside: bool = True) -> str:
     """``text`` without a machine's paths, the one place where they are rewritten: the run directories under ``runs``
-    as ``RUNS/`` (as RESULTS.md names them; this machine's campaign's by default, or a GPU machine's), the files of the
-    repository ``tree`` relative to it (this one, or a campaign's worktree; None: left as they are), and, with
-    ``beside``, what lies beside the tree as ``../`` (``../shared``, a peers' environment)."""
-    text = text.replace(f"{runs}/", "RUNS/")
+    as ``RUNS/`` (as RESULTS.md names them; this machine's campaign's by default, or a GPU machine's), the datasets
+    (:data:`DATA`, wherever ``ZHIE_DATA`` put them) as ``../shared/data/``, the files of the repository ``tree``
+    relative to it (this one, or a campaign's worktree; None: left as they are), and, with ``beside``, what lies beside
+    the tree as ``../`` (``../shared``, a peers' environment)."""
+    text = text.replace(f"{runs}/", "RUNS/").replace(f"{DATA}/", "../shared/data/")
     if tree is None:
         return text
     text = text.replace(f"{tree}/", "")

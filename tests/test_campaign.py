@@ -359,3 +359,21 @@ def test_a_benchmark_line_names_no_path_of_this_machine(tmp_path, monkeypatch, c
         "model": "RUNS/s__x__s1/student/best", "data": "../shared/data/x.json",
         "command": "python benchmarks/tradeoff.py --out runs/t --peer jiagu=../peers/bin/python"}
     assert capsys.readouterr().out == written
+
+
+def test_a_result_line_names_no_path_of_this_machine(tmp_path, monkeypatch):
+    """common.portable_paths, where every result line's paths are rewritten: the run directories as RUNS/, the datasets
+    as ../shared/data/ wherever ZHIE_DATA put them (the campaign's rows run in worktrees, whose ../ is not the
+    repository's), the worktree's own files relative to it."""
+    monkeypatch.setenv("ZHIE_DATA", str(tmp_path / "elsewhere" / "data"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("common", None)
+    common = importlib.import_module("common")
+    try:
+        runs, tree = tmp_path / "campaign" / "runs", tmp_path / "campaign" / "worktrees" / "abc"
+        line = json.dumps({"dev": f"{tmp_path}/elsewhere/data/ner/cluener/dev.json", "out": f"{runs}/x__s1/best",
+                           "script": f"{tree}/benchmarks/ner.py"})
+        assert json.loads(common.portable_paths(line, runs, tree, beside=False)) == {
+            "dev": "../shared/data/ner/cluener/dev.json", "out": "RUNS/x__s1/best", "script": "benchmarks/ner.py"}
+    finally:
+        sys.modules.pop("common", None)
