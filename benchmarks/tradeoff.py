@@ -46,11 +46,12 @@ def size_mb(directory: Path) -> float:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) / 2**20
 
 
-def dataset(name: str, out: Path) -> tuple[Path, list, list[str]]:
+def dataset(name: str, out: Path, every: bool = False) -> tuple[Path, list, list[str]]:
     """``(the file F1 is scored on, its examples, the texts timed: theirs first, then others)``, >= 2,300 sentences.
-    CLUENER: dev, then test (2,688 texts); People's Daily: the dev part of ``benchmarks/ner.py``'s fixed 80/20
-    split of its file, then the training part (2,318 texts: the F1 never counts a text a model trained on); CMeEE:
-    dev, then train (5,000 texts; 1,000 scored); SXU word segmentation: its test file (3,654 sentences)."""
+    CLUENER: dev, then test (2,688 texts; ``every``: then train too, 13,436); People's Daily: the dev part of
+    ``benchmarks/ner.py``'s fixed 80/20 split of its file, then the training part (2,318 texts: the F1 never counts a
+    text a model trained on); CMeEE: dev, then train (5,000 texts; 1,000 scored); SXU word segmentation: its test file
+    (3,654 sentences)."""
     if name == "sxu":
         test = DATA / "cws" / "sxu" / "test.txt"
         gold = read_segmented(test)
@@ -61,6 +62,8 @@ def dataset(name: str, out: Path) -> tuple[Path, list, list[str]]:
     else:
         dev = DATA / "ner" / name / "dev.json"
         others = read_ner(DATA / "ner" / name / ("test.json" if name == "cluener" else "train.json"))
+    if name == "cluener" and every:
+        others += read_ner(DATA / "ner" / name / "train.json")
     gold = read_ner(dev)
     return dev, gold, [ex.text for ex in gold + others]
 
@@ -135,11 +138,14 @@ def main() -> None:
     p.add_argument("--variants", default="torch,fp32,int8")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--all-texts", action="store_true",
+                   help="CLUENER: time its train texts too (13,436 texts in all, not 2,688), so that a fast model's "
+                        "process start counts over more sentences")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dev, gold, texts = dataset(args.dataset, out)
+    dev, gold, texts = dataset(args.dataset, out, args.all_texts)
     compile_zhie()
     (out / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     peaks = {"fp32": matmul_peak("cpu"), "int8": int8_matmul_peak()}  # this CPU's, in this run
