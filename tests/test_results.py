@@ -54,7 +54,9 @@ def test_every_table_of_report_has_its_place_and_markers_are_well_formed():
 
 
 def test_table_helper():
-    assert report.table(["a", "b"], [[1, "x"], [2, "y"]], right="0") == "| a | b |\n|---:|---|\n| 1 | x |\n| 2 | y |"
+    assert report.table(["a", "b"], [[1, "x"], [2, "y"]], right=(0,)) == "| a | b |\n|---:|---|\n| 1 | x |\n| 2 | y |"
+    wide = report.table([str(i) for i in range(12)], [], right=range(10, 12))  # column 10 is not columns 1 and 0
+    assert wide.splitlines()[1] == "|" + "---|" * 10 + "---:|---:|"
 
 
 def anchor(heading: str) -> str:
