@@ -163,6 +163,7 @@ def main() -> None:
     p.add_argument("--model", required=True, help="model or export directory (a NER, segmentation or relation model)")
     p.add_argument("--data", default="cluener", choices=DATASETS, help="whose texts (tradeoff.py's dataset())")
     p.add_argument("--sentences", type=int, help="the first N texts, repeated past the end (default: all)")
+    p.add_argument("--all-texts", action="store_true", help="CLUENER: its train texts too (tradeoff.py --all-texts)")
     p.add_argument("--runs", type=int, default=3, help="staged and whole-command processes, alternated")
     p.add_argument("--batch-size", type=int, default=32, help="zhie predict's (its default)")
     p.add_argument("--chunk-lines", type=int, default=4096, help="zhie predict's (its default)")
@@ -170,7 +171,7 @@ def main() -> None:
     args = p.parse_args()
     with machine_lock(), tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        _, _, texts = dataset(args.data, tmp)
+        _, _, texts = dataset(args.data, tmp, args.all_texts)
         n = args.sentences or len(texts)
         texts = [texts[i % len(texts)] for i in range(n)]
         source = tmp / "texts.txt"
