@@ -51,7 +51,9 @@ def dataset(name: str, out: Path, every: bool = False) -> tuple[Path, list, list
     CLUENER: dev, then test (2,688 texts; ``every``: then train too, 13,436); People's Daily: the dev part of
     ``benchmarks/ner.py``'s fixed 80/20 split of its file, then the training part (2,318 texts: the F1 never counts a
     text a model trained on); CMeEE: dev, then train (5,000 texts; 1,000 scored); SXU word segmentation: its test file
-    (3,654 sentences)."""
+    (3,654 sentences). ``every`` with another set: an error (its timed texts are already all it has to offer)."""
+    if every and name != "cluener":
+        raise SystemExit(f"--all-texts: only CLUENER has more texts to time (its train set); not {name}")
     if name == "sxu":
         test = DATA / "cws" / "sxu" / "test.txt"
         gold = read_segmented(test)
