@@ -9,6 +9,9 @@ them, of four GP models on CLUENER's dev set (which labels all 10 types):
   --from``): the new types learn from the gold labels, the old ones from the old model's outputs on the same texts;
 * ``extend`` with ``--old-types predictions`` (its line's ``model`` in ``eval``: ``extend-predictions``): the same,
   with the spans the old model predicts as the old types' labels instead of its probabilities (pseudo-labels);
+* ``extend`` with ``--extend-lr LR`` (``extend-lrLR``): the same at another learning rate (the head's 10x it unless
+  ``--head-lr``): the old model was trained at zhie's rate already, and an extension at the full rate trains its old
+  types three more epochs from a restarted warm-up; ``eval`` scores it with ``--variant NAME=DIR``;
 * ``naive``: the same start and steps with ``old_types="gold"`` (``--old-types gold``), what users are told to do:
   fine-tune the old model on the new data alone, whose silence on the old types is taken as "none";
 * ``all-types``: a model trained on all 10 types at once (``--all-types MODEL``, e.g. the campaign's CLUENER 3-epoch GP
@@ -36,7 +39,10 @@ model from ``--old`` (default ``OUT/old/best``), so that each can be a row of it
     python benchmarks/forgetting.py --step naive --out runs/forgetting --seed 1 --save-every 100
     python benchmarks/forgetting.py --step extend --old-types predictions --out runs/forgetting --seed 1 \
         --save-every 100                                      # in OUT/extend-predictions/
-    python benchmarks/forgetting.py --step eval --out runs/forgetting --all-types runs/bench/cluener-gp/best
+    python benchmarks/forgetting.py --step extend --extend-lr 5e-5 --out runs/forgetting --seed 1 \
+        --save-every 100                                      # in OUT/extend-lr5e-05/
+    python benchmarks/forgetting.py --step eval --out runs/forgetting --all-types runs/bench/cluener-gp/best \
+        --variant extend-lr5e-05=runs/forgetting/extend-lr5e-05/best
 
 Each step appends its JSON lines to ``benchmarks/results/forgetting.jsonl`` (a training step one, with its dev F1 per
 epoch; ``eval`` one per model, with the per-type and micro figures). Cost on this project's 2-core CPU: each training
@@ -106,7 +112,8 @@ def train_step(args, step: str, out: Path) -> dict:
     """Train ``step``'s model in ``out/step`` (resuming there) and describe the run."""
     train_file, dev_file, old, new = step_data(args, step, out)
     run = out / run_name(args, step)
-    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
+    lr = args.extend_lr if step == "extend" and args.extend_lr is not None else args.lr
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=lr, head_lr=args.head_lr,
                          seed=args.seed, save_every=args.save_every)
     start = time.time()
     if step == "old":
@@ -131,9 +138,12 @@ def train_step(args, step: str, out: Path) -> dict:
 
 
 def run_name(args, step: str) -> str:
-    """The directory of ``step`` under the run directory: ``extend-predictions`` for ``extend`` with ``--old-types
-    predictions``, else the step's name."""
-    return "extend-predictions" if step == "extend" and args.old_types == "predictions" else step
+    """The directory of ``step`` under the run directory: for ``extend``, ``-predictions`` after it with ``--old-types
+    predictions`` and ``-lrLR`` with ``--extend-lr LR`` (``extend-lr5e-05``); else the step's name."""
+    if step != "extend":
+        return step
+    return (step + ("-predictions" if args.old_types == "predictions" else "")
+            + (f"-lr{args.extend_lr:g}" if args.extend_lr is not None else ""))
 
 
 def stamp(out: Path) -> dict:
@@ -178,6 +188,8 @@ def evaluate(args, out: Path) -> dict:
             paths[name] = Path(given[name])
         elif name in defaults and defaults[name].exists():
             paths[name] = defaults[name]
+    for name, path in variants(args.variant):
+        paths[name] = Path(path)
     if not paths:
         raise SystemExit(f"eval: no model to score (none given, none under {out}); name them with --old, --extended, "
                          "--extended-predictions, --naive, --all-types")
@@ -187,6 +199,21 @@ def evaluate(args, out: Path) -> dict:
                       "old_types": old, "new_types": new, **scores(paths[name], dev, old, new, args.eval_batch_size),
                       "trained": trained_of(paths[name]), **stamp(out)})
     return {"lines": lines}
+
+
+def variants(given: list[str]) -> list[tuple[str, str]]:
+    """``--variant NAME=DIR`` values as ``(NAME, DIR)``, refused with the reason when one is not of that form or names
+    one of :data:`MODELS` (given with its own option) or another variant."""
+    pairs = []
+    for value in given:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise SystemExit(f"--variant {value}: give NAME=MODEL_DIR, e.g. extend-lr5e-05=RUN/extend-lr5e-05/best")
+        if name in MODELS or name in dict(pairs):
+            raise SystemExit(f"--variant {value}: {name} is named twice (--{name.replace('extend', 'extended')} "
+                             "or another --variant); give each model one name")
+        pairs.append((name, path))
+    return pairs
 
 
 def trained_of(model: Path) -> dict:
@@ -208,11 +235,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--extended-predictions", default=None, metavar="MODEL_DIR",
                    help="eval: default OUT/extend-predictions/best (extend with --old-types predictions)")
     p.add_argument("--naive", default=None, metavar="MODEL_DIR", help="eval: default OUT/naive/best")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=MODEL_DIR",
+                   help="eval: another model to score, after the others, as model NAME (e.g. an extension with "
+                        "--extend-lr: extend-lr5e-05=RUN/extend-lr5e-05/best); repeatable")
     p.add_argument("--all-types", default=None, metavar="MODEL_DIR",
                    help="eval: a model trained on all the types at once (left out of the table without it)")
     p.add_argument("--old-types", default="model", choices=("model", "predictions"),
                    help="extend: what teaches the old types, the old model's probabilities or its predicted spans "
                         "(zhie train ner --old-types)")
+    p.add_argument("--extend-lr", type=float, default=None, metavar="LR",
+                   help="extend: the extension's learning rate instead of --lr (the head's: --head-lr, or 10 x LR); "
+                        "the run is OUT/extend-lrLR")
     p.add_argument("--encoder", default="e5-small", help="old: the encoder (the later steps take the old model's)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=TrainConfig.batch_size)
@@ -227,6 +260,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.old_types != "model" and args.step != "extend":
         p.error(f"--old-types {args.old_types} is an option of --step extend (naive is --old-types gold by design)")
+    if args.extend_lr is not None and args.step != "extend":
+        p.error("--extend-lr is an option of --step extend (--lr sets every step's rate)")
+    if args.variant and args.step != "eval":
+        p.error("--variant is an option of --step eval")
+    variants(args.variant)  # refused before anything is written
     out = Path(args.out)
     if args.step == "eval":
         lines = once(out / "eval", evaluate, args, out)["lines"]

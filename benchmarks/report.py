@@ -339,6 +339,12 @@ FORGETTING_MODELS = {"old": "{old} old types only (their annotation pass)",
                      "all-types": "all {all} at once"}
 
 
+def forgetting_variant(name: str, line: dict) -> str:
+    """The table's label of an ``eval`` line whose model is a ``--variant`` (not one of :data:`FORGETTING_MODELS`)."""
+    t = line["trained"]
+    return f"`{name}`: extended at lr {t['lr']:g} (head {t['head_lr']:g}), {t['epochs']} epochs"
+
+
 def forgetting_table(lines: list[dict] | None = None) -> str:
     """``benchmarks/forgetting.py``'s ``eval`` lines (default: ``results/forgetting.jsonl``'s and the campaign's
     ``f/`` rows'), one table row per model and seed (the evaluations of a seed together; a later line of a model
@@ -356,14 +362,17 @@ def forgetting_table(lines: list[dict] | None = None) -> str:
     body = []
     for models in runs.values():
         reference = models.get("all-types")
-        for name, label in FORGETTING_MODELS.items():
-            if name not in models:
-                continue
+        variants = [name for name in models if name not in FORGETTING_MODELS]  # --variant: after the extensions
+        known = [name for name in FORGETTING_MODELS if name in models]
+        split = len([name for name in known if name not in ("naive", "all-types")])
+        for name in [*known[:split], *variants, *known[split:]]:
             r = models[name]
+            label = (FORGETTING_MODELS[name].format(old=n_old, new=n_new, all=n_old + n_new) if name not in variants
+                     else forgetting_variant(name, r))
             change = (signed(100 * (r["old_micro"]["f1"] - reference["old_micro"]["f1"]))
                       if reference is not None and name != "all-types" else "–")
             new = pct(r["new_micro"]["f1"]) if set(r["new_types"]) & set(r["types"]) else "–"
-            body.append([label.format(old=n_old, new=n_new, all=n_old + n_new), r["trained"]["seed"],
+            body.append([label, r["trained"]["seed"],
                          pct(r["old_micro"]["f1"]), new, pct(r["all_micro"]["f1"]), change])
     return table(["model", "seed", f"old types ({n_old}) micro-F1", f"new types ({n_new}) micro-F1",
                   f"all {n_old + n_new} micro-F1", "old types against all at once"], body, right=range(1, 6))

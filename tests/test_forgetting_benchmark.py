@@ -57,10 +57,11 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     for name in ("old", "extend", "naive"):
         (lines[name],) = step(tmp_path, "--step", name, "--out", str(out), *TINY)
     (lines["predictions"],) = step(tmp_path, "--step", "extend", "--old-types", "predictions", "--out", str(out), *TINY)
+    (lines["slow"],) = step(tmp_path, "--step", "extend", "--out", str(out), *TINY, "--extend-lr", "2e-4")
     old = lines["old"]
     assert (old["step"], old["old_types"], old["new_types"], old["from"]) == ("old", ["LOC", "PER"], ["ORG"], None)
     assert old["train_texts"] == 96 and len(old["f1_per_epoch"]) == 2 and 0 <= old["dev_f1"] <= 1
-    for name in ("extend", "naive", "predictions"):  # the same 96 texts, labelled for ORG only, from the old model
+    for name in ("extend", "naive", "predictions", "slow"):  # the same 96 texts, labelled for ORG only, from it
         line = lines[name]
         assert line["train_texts"] == 96 and line["from"] == str(out / "old" / "best")
         assert line["dev"].endswith("cluener/dev.json") and {"machine", "date", "command", "run"} <= line.keys()
@@ -68,6 +69,8 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     assert (lines["extend"]["old_targets"], lines["predictions"]["old_targets"]) == ("model", "predictions")
     assert lines["predictions"]["teacher_targets"] and lines["predictions"]["run"] == lines["extend"]["run"]
     assert (out / "extend-predictions" / "best").is_dir()  # a directory of its own beside extend/
+    assert (out / "extend-lr0.0002" / "best").is_dir() and (lines["slow"]["lr"], lines["extend"]["lr"]) == (2e-4, 1e-3)
+    assert lines["slow"]["head_lr"] == 1e-3  # --head-lr as given
     assert lines["extend"]["train_spans"] == lines["naive"]["train_spans"] < old["train_spans"]
     assert zhie.load(out / "naive" / "best").task.config.labels == ["LOC", "PER", "ORG"]
 
@@ -75,8 +78,9 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     assert again == [lines["extend"]]
 
     evaluated = step(tmp_path, "--step", "eval", "--out", str(out), "--all-types", str(every), "--new-types", "ORG",
-                     "--quiet")
-    assert [e["model"] for e in evaluated] == ["old", "extend", "extend-predictions", "naive", "all-types"]
+                     "--variant", f"slow={out / 'extend-lr0.0002' / 'best'}", "--quiet")
+    assert [e["model"] for e in evaluated] == ["old", "extend", "extend-predictions", "naive", "all-types", "slow"]
+    assert evaluated[-1]["trained"]["lr"] == 2e-4 and evaluated[1]["trained"]["lr"] == 1e-3
     for e in evaluated:
         assert set(e["per_type"]) <= {"LOC", "ORG", "PER"} and {"LOC", "PER"} <= set(e["per_type"])
         for figures in (*e["per_type"].values(), e["old_micro"], e["new_micro"], e["all_micro"]):
@@ -89,12 +93,28 @@ def test_old_extend_naive_eval_write_their_lines_and_the_table(tmp_path):
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
     made = report.forgetting_table([*lines.values(), *evaluated]).splitlines()
-    assert len(made) == 2 + 5 and made[0].startswith("| model |"), made
-    elsewhere = [{**e, "run": str(tmp_path / "another-eval")} for e in (evaluated[0], evaluated[-1])]
+    assert len(made) == 2 + 6 and made[0].startswith("| model |"), made
+    assert made[5].startswith("| `slow`: extended at lr 0.0002 (head 0.001), 2 epochs | 3 |"), made  # before naive
+    assert "naive" in made[6] and "at once" in made[7]
+    elsewhere = [{**e, "run": str(tmp_path / "another-eval")} for e in (evaluated[0], evaluated[-2])]
     apart = report.forgetting_table([evaluated[1], *elsewhere])  # one seed's evaluations, in two runs: one block
     assert apart.splitlines()[2:] == [made[2], made[3], made[-1]], apart
     assert "all 3 at once" in made[-1] and made[-1].endswith("| – |")
     assert not report.forgetting_table([]).startswith("|")  # no evaluation, no table
+
+
+def test_bad_variants_are_refused(tmp_path):
+    env = {**os.environ, "ZHIE_RESULTS": str(tmp_path / "results"), "ZHIE_CAMPAIGN_DIR": str(tmp_path / "campaign"),
+           "PYTHONPATH": str(ROOT / "src")}
+    for flags, message in ((["--step", "eval", "--variant", "slow"], "--variant slow: give NAME=MODEL_DIR"),
+                           (["--step", "eval", "--variant", "naive=x"], "naive is named twice"),
+                           (["--step", "eval", "--variant", "a=x", "--variant", "a=y"], "a is named twice"),
+                           (["--step", "naive", "--extend-lr", "1e-5"], "--extend-lr is an option of --step extend"),
+                           (["--step", "old", "--variant", "a=x"], "--variant is an option of --step eval")):
+        run = subprocess.run([sys.executable, str(SCRIPT), *flags, "--out", str(tmp_path / "run")],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode in (1, 2) and message in run.stderr, (flags, run.stderr)
+    assert not (tmp_path / "run" / "eval").exists() and not (tmp_path / "results").exists()
 
 
 def test_old_types_is_refused_outside_the_extend_step(tmp_path):
