@@ -18,9 +18,10 @@ threads as ``zhie predict`` leaves them:
    - per chunk of ``--chunk-lines`` lines, as :meth:`zhie.tasks.base.WindowedTask.window_hits` and
      :meth:`~zhie.tasks.base.WindowedTask.predict` run them: ``tokenise`` (the task's text tokenizer on every text, its
      windows), ``batch`` (:func:`zhie.tasks.batching.sorted_batches`, each window's ids with the special tokens,
-     :func:`~zhie.tasks.batching.input_arrays`' padding), ``graph`` (``model.arrays``: the torch forward or the
-     onnxruntime run, with their array conversions), ``decode`` (the task's ``decode`` of each batch, then
-     ``reported`` and ``from_hits``: token spans to character spans), ``json``
+     :func:`~zhie.tasks.batching.input_arrays`' padding), ``graph`` (``model.each_arrays``: the torch forward or the
+     onnxruntime run, with their array conversions; an export's next batches run while the one before is decoded, so
+     this is the time spent waiting for the graph, not the graph's own), ``decode`` (the task's ``decode`` of each
+     batch, then ``reported`` and ``from_hits``: token spans to character spans), ``json``
      (:func:`zhie.deploy.outputs.output_line` per line);
    - ``write``: :func:`zhie.deploy.stream.write_lines` to G (its ``.partial``, renamed);
    - ``process``: the process's wall time (from a launcher, :func:`common.run_measured`) less the child's own total:
@@ -117,9 +118,10 @@ def child(result: str, model: str, input_path: str, output: str, batch_size: str
                     batches.append((batch_jobs, input_arrays(rows, tt.pad_id)))
                 lap("batch")
                 hits = []
-                for batch_jobs, batch in batches:
+                results = net.each_arrays(batch for _, batch in batches)
+                for batch_jobs, _ in batches:
+                    batch, outputs = next(results)
                     mask = batch["attention_mask"]
-                    outputs = net.arrays(batch["input_ids"], mask)
                     lap("graph")
                     for j, row in zip(batch_jobs, task.decode(net, outputs, mask)):
                         i, w = jobs[j]

@@ -143,10 +143,46 @@ def test_a_batch_split_over_runs_answers_as_one_run(exported):
     inputs = check_inputs(task, [t[:40] for t in TEXTS])  # 7 rows: parts of 2, 2 and 3
     arrays = [OnnxModel(out, threads=n).arrays(inputs["input_ids"].numpy(), inputs["attention_mask"].numpy())
               for n in (1, 3)]
-    flat = [[a for value in got.values() for a in (value.values() if isinstance(value, dict) else [value])]
-            for got in arrays]
+    flat = [flat_outputs(got) for got in arrays]
     assert [a.shape for a in flat[0]] == [a.shape for a in flat[1]] and flat[0][0].shape[0] == 7
     assert largest_difference([torch.from_numpy(a) for a in flat[0]], flat[1]) <= 1e-5, kind
+
+
+def flat_outputs(got: dict) -> list[np.ndarray]:
+    """The arrays of ``arrays``' answer, GPLinker's fields flattened, in order."""
+    return [a for value in got.values() for a in (value.values() if isinstance(value, dict) else [value])]
+
+
+def source_batches(batches: list, taken: list[int]):
+    """``batches``, one at a time, noting in ``taken`` the index of each one taken."""
+    for i, batch in enumerate(batches):
+        taken.append(i)
+        yield batch
+
+
+def test_batches_run_ahead_answer_batch_by_batch_in_order(exported):
+    """``each_arrays`` (zhie predict's batches) runs up to ``threads`` batches at once and takes the next one from its
+    source before it gives the outputs of the oldest; what it gives is each batch with :meth:`arrays`' outputs of it,
+    in order (every kind, fp32 exports); a caller that stops early stops it."""
+    kind, source, out = exported
+    task = zhie.load(source).task
+    batches = [{k: v.numpy() for k, v in check_inputs(task, [t[a:a + 30] for t in TEXTS[:n]]).items()}
+               for a, n in ((0, 2), (5, 3), (10, 1), (0, 7), (20, 4))]
+    for threads in (1, 2, 3):
+        model = OnnxModel(out, threads=threads)
+        taken: list[int] = []
+        results = model.each_arrays(source_batches(batches, taken))
+        for i, (batch, outputs) in enumerate(results):
+            assert batch is batches[i]
+            # before the outputs of batch i come back, batches i+1 .. i+threads were taken (as many as there are)
+            assert len(taken) == (min(len(batches), i + 1 + threads) if threads > 1 else i + 1), (kind, threads)
+            one = model.arrays(batch["input_ids"], batch["attention_mask"])
+            assert list(outputs) == list(one)
+            assert all(np.array_equal(a, b) for a, b in zip(flat_outputs(outputs), flat_outputs(one))), (kind, i)
+        assert i == len(batches) - 1
+        early = model.each_arrays(iter(batches))
+        next(early)
+        early.close()  # the runs not started are cancelled, the started ones end in the pool: nothing hangs
 
 
 @pytest.mark.parametrize("exported", ["ner-gp"], indirect=True)

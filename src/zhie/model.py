@@ -8,7 +8,7 @@ head documents its output type (:mod:`zhie.heads`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
 
 import numpy as np
@@ -73,6 +73,13 @@ class Model(nn.Module):
                        attention_mask=torch.from_numpy(np.asarray(attention_mask, dtype=np.int64)).to(device),
                        heads=heads)
         return {name: _to_numpy(value) for name, value in outputs.items()}
+
+    def each_arrays(self, batches: Iterable[dict[str, np.ndarray]], heads: Sequence[str] | None = None
+                    ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, object]]]:
+        """``(batch, arrays(batch's input_ids, attention_mask, heads))`` for each of ``batches``, in order, one after
+        the other (an export's :meth:`zhie.deploy.runtime.OnnxModel.each_arrays` runs batches ahead)."""
+        for batch in batches:
+            yield batch, self.arrays(batch["input_ids"], batch["attention_mask"], heads)
 
     def head_weights(self, name: str) -> dict[str, np.ndarray]:
         """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) as fp32 numpy arrays."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,12 +40,16 @@ class OnnxModel:
 
     ``threads`` (None: :func:`cpus`, the CPUs this process may use): :meth:`arrays` splits a batch's rows into that
     many parts and runs them at once, each as one single-threaded run of one session (:func:`session` with one
-    thread), in this thread and a pool of ``threads - 1``. onnxruntime's own intra-op threads split each operator of
+    thread), in this thread and ``threads - 1`` of a pool's. onnxruntime's own intra-op threads split each operator of
     one run instead, and wait for each other at every one: over the CLUENER texts in batches of 32 on 2 cores, two
     single-threaded runs of half a batch took 0.76x the time of one two-threaded run for the 128-wide convolutional
     student's int8 graph, 0.87x for a 4-layer e5-small cut and 0.89x for the 12-layer one (benchmarks/RESULTS.md,
     "Two runs at once"). A one-row call runs in one thread. How a batch is split leaves the outputs as they are, an int8
     graph's too, unless it was exported with one activation scale per run (``zhie export --batch-scales``).
+
+    :meth:`each_arrays` (many batches, as ``zhie predict`` runs them) runs whole batches at once instead, up to
+    ``threads`` of them, each a single-threaded run, while the caller decodes the outputs of the one before: the
+    cores never wait for the decoding (benchmarks/RESULTS.md, "Batches ahead of the decoding").
     """
 
     runtime = "onnxruntime"
@@ -72,7 +77,7 @@ class OnnxModel:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         self.encoder_config = SimpleNamespace(**config)  # what GET /info reports (model_type)
         self.directory = directory
-        self.pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="zhie-onnx") if self.threads > 1 else None
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="zhie-onnx") if self.threads > 1 else None
 
     def to(self, device) -> OnnxModel:
         if str(device) != "cpu":
@@ -89,8 +94,38 @@ class OnnxModel:
                ) -> dict[str, object]:
         """``{head: output}`` for ``heads`` (default: this model's): fp32 arrays, a dataclass output (GPLinker's) as
         ``{field: array}``."""
-        feeds = {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, attention_mask))}
-        arrays = iter(self.run(feeds))
+        return self._named(self.run(_feeds(input_ids, attention_mask)), heads)
+
+    def each_arrays(self, batches: Iterable[dict[str, np.ndarray]], heads: Sequence[str] | None = None
+                    ) -> Iterator[tuple[dict[str, np.ndarray], dict[str, object]]]:
+        """``(batch, outputs)`` for each of ``batches`` (dicts with ``input_ids`` and ``attention_mask``, as
+        :func:`zhie.tasks.batching.input_arrays` makes them), in order, the outputs as :meth:`arrays` gives them.
+        With more than one thread, up to :attr:`threads` batches run at once, each a single-threaded run, and the next
+        batch is taken from ``batches`` before the caller gets the outputs of one: the graph of the batches ahead runs
+        while the caller decodes (see the class). The outputs are those of :meth:`arrays`, batch by batch."""
+        if self.pool is None:
+            for batch in batches:
+                yield batch, self.arrays(batch["input_ids"], batch["attention_mask"], heads)
+            return
+        ahead: deque = deque()
+        try:
+            for batch in batches:
+                feeds = _feeds(batch["input_ids"], batch["attention_mask"])
+                ahead.append((batch, self.pool.submit(self.session.run, None, feeds)))
+                if len(ahead) > self.threads:  # every thread busy and one more batch waiting: take the oldest's
+                    done, future = ahead.popleft()
+                    yield done, self._named(future.result(), heads)
+            while ahead:
+                done, future = ahead.popleft()
+                yield done, self._named(future.result(), heads)
+        finally:  # the caller stopped early (or a run failed): the runs not started yet are not needed
+            for _, future in ahead:
+                future.cancel()
+
+    def _named(self, arrays: list[np.ndarray], heads: Sequence[str] | None) -> dict[str, object]:
+        """The graph's outputs in the order of :attr:`layout` -> ``{head: output}`` for ``heads`` (default: this
+        model's)."""
+        arrays = iter(arrays)
         outputs = {name: next(arrays) if fields is None else {f: next(arrays) for f in fields}
                    for name, fields in self.layout.items()}
         return {name: outputs[name] for name in (self.heads if heads is None else heads)}
@@ -112,6 +147,11 @@ class OnnxModel:
         """The weights of head ``name`` (names relative to it, e.g. ``crf.transitions``) from ``head.safetensors``."""
         prefix = f"heads.{name}."
         return {k[len(prefix):]: v for k, v in self.weights.items() if k.startswith(prefix)}
+
+
+def _feeds(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's inputs: int64 arrays by name."""
+    return {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, attention_mask))}
 
 
 # onnxruntime rewrites a residual Add followed by a LayerNormalization into one SkipLayerNormalization; on the 2-core

@@ -198,15 +198,21 @@ def _pairs(path: str, lines: list[int]) -> None:
 # ------------------------------------------------------------------------------------------------- uncertainty
 class MeasuredModel:
     """A pipeline's model (torch or ONNX) as :meth:`~zhie.tasks.base.WindowedTask.window_hits` runs it: :meth:`arrays`
-    answers as the model does and puts, for each row of the batch, the task's ``surprise`` of the outputs and the row's
-    content tokens in :attr:`rows`, in the order the rows come; anything else is the model's."""
+    and :meth:`each_arrays` answer as the model does and put, for each row of a batch, the task's ``surprise`` of the
+    outputs and the row's content tokens in :attr:`rows`, in the order the rows come; anything else is the model's."""
 
     def __init__(self, model, task) -> None:
         self.model, self.task = model, task
         self.rows: collections.deque[tuple[float, int]] = collections.deque()
 
     def arrays(self, input_ids: np.ndarray, attention_mask: np.ndarray, *args, **kwargs) -> dict:
-        outputs = self.model.arrays(input_ids, attention_mask, *args, **kwargs)
+        return self._measured(self.model.arrays(input_ids, attention_mask, *args, **kwargs), attention_mask)
+
+    def each_arrays(self, batches, *args, **kwargs):
+        for batch, answer in self.model.each_arrays(batches, *args, **kwargs):
+            yield batch, self._measured(answer, batch["attention_mask"])
+
+    def _measured(self, outputs: dict, attention_mask: np.ndarray) -> dict:
         surprise = self.task.surprise(self, outputs, attention_mask)
         self.rows.extend(zip(np.asarray(surprise, dtype=np.float64).tolist(),
                              (np.asarray(attention_mask).sum(1) - 2).tolist()))

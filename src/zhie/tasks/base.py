@@ -412,7 +412,8 @@ class WindowedTask(Task):
         at most ``max_tokens`` padded tokens (:func:`sorted_batches`); yield ``(text index, encoding, the text's
         windows, window index, the window's hits)``.
 
-        ``timings`` (optional) accumulates ``model_s`` and ``decode_s``.
+        ``timings`` (optional) accumulates ``model_s`` (the time spent waiting for the model's outputs: an export runs
+        the batches ahead while this decodes, :meth:`zhie.deploy.runtime.OnnxModel.each_arrays`) and ``decode_s``.
         """
         size, overlap = self.window
         encodings = [self.text_tokenizer(t) for t in texts]
@@ -421,12 +422,14 @@ class WindowedTask(Task):
         tt = self.text_tokenizer
         specials = len(tt.model_input([]))
         lengths = [cuts[i][w][1] - cuts[i][w][0] + specials for i, w in jobs]
-        for batch_jobs in sorted_batches(lengths, batch_size, max_tokens):
-            rows = [tt.model_input(encodings[i].ids[slice(*cuts[i][w])]) for i, w in (jobs[j] for j in batch_jobs)]
-            batch = input_arrays(rows, tt.pad_id)
-            mask = batch["attention_mask"]
+        plan = list(sorted_batches(lengths, batch_size, max_tokens))
+        inputs = (input_arrays([tt.model_input(encodings[i].ids[slice(*cuts[i][w])])
+                                for i, w in (jobs[j] for j in batch_jobs)], tt.pad_id) for batch_jobs in plan)
+        results = model.each_arrays(inputs)  # numpy on the host: the device is synchronised
+        for batch_jobs in plan:
             t0 = time.perf_counter()
-            outputs = model.arrays(batch["input_ids"], mask)  # numpy on the host: the device is synchronised
+            batch, outputs = next(results)
+            mask = batch["attention_mask"]
             t1 = time.perf_counter()
             decoded = self.decode(model, outputs, mask)
             if timings is not None:

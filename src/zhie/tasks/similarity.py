@@ -236,9 +236,10 @@ class SimilarityTask(Task):
         :func:`sorted_batches`."""
         ids = self.token_ids(texts)
         out = None
-        for batch_idx in sorted_batches([len(r) for r in ids], batch_size, max_tokens):
-            batch = input_arrays([ids[i] for i in batch_idx], self.tokenizer.pad_token_id)
-            vectors = model.arrays(batch["input_ids"], batch["attention_mask"], heads=[self.head_name])[self.head_name]
+        plan = list(sorted_batches([len(r) for r in ids], batch_size, max_tokens))
+        inputs = (input_arrays([ids[i] for i in batch_idx], self.tokenizer.pad_token_id) for batch_idx in plan)
+        for batch_idx, (_, outputs) in zip(plan, model.each_arrays(inputs, heads=[self.head_name])):
+            vectors = outputs[self.head_name]
             if out is None:
                 out = np.zeros((len(texts), vectors.shape[-1]), dtype=np.float32)
             out[batch_idx] = l2_normalize(vectors) if normalize else vectors
