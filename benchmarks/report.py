@@ -301,8 +301,10 @@ def campaign_multitask_table() -> str:
 # --- students and the CPU trade-off --------------------------------------------------------------------------------
 
 def students_table(section: str = "s/") -> str:
-    """The campaign's student rows: dev F1 per epoch and training time per epoch, against their teacher's."""
-    body = []
+    """The campaign's student rows: dev F1 per epoch and training time per epoch, against their teacher's. A teacher
+    that a student's row trains (``--train-teacher``) is shown once: later rows that find it trained record its line
+    again."""
+    body, teachers = [], set()
     for line in campaign(section):
         for r in line["results"]:
             if "f1_per_epoch" not in r:  # a row of another benchmark under s/ (s/stages/: predict_stages.py)
@@ -319,6 +321,9 @@ def students_table(section: str = "s/") -> str:
                     f", {r['adversarial'].upper()}" if r.get("adversarial") else "")
                 steps = [b - a for a, b in zip([0.0, *r["epoch_s"]], r["epoch_s"])]
             else:  # the teacher's row (benchmarks/ner.py)
+                if r.get("command") and (r["command"], r["dev_f1"]) in teachers:
+                    continue
+                teachers.add((r.get("command"), r["dev_f1"]))
                 kind, steps = f"teacher, 12 layers, {r['head']}", None
                 r = {**r, "unlabelled_texts": 0}
             body.append([line["key"], kind, f"{r['unlabelled_texts']:,}",
