@@ -428,6 +428,25 @@ def readme_students_table(out: str = "--out runs/tradeoff-readme") -> str:
                  right=range(1, 6))
 
 
+def tradeoff_run_table(out: str, teacher: str = "teacher-12", peer: str = "jiagu") -> str:
+    """One run of ``benchmarks/tradeoff.py`` (``--out OUT``): each model and variant's dev F1 against the ``teacher``
+    model's (its fp32 export's F1, the model's own), and its sentences/s against the teacher's export of the same variant
+    and the ``peer``'s, all measured in that run."""
+    run = [r for r in rows("tradeoff.jsonl") if r["command"].endswith(f"--out {out}")]
+    speed = {(r["model"], r["variant"]): r["sentences_per_s"] for r in run}
+    reference = next(r["dev_f1"] for r in run if r["model"] == teacher and r["variant"] == "fp32")
+    body = []
+    for r in run:
+        theirs = speed.get((teacher, r["variant"]))
+        body.append([r["model"], r["variant"], pct(r["dev_f1"]) if r["dev_f1"] is not None else "–",
+                     signed(100 * (r["dev_f1"] - reference)) if r["dev_f1"] is not None else "–",
+                     f"**{r['sentences_per_s']:,.0f}**", f"{r['sentences_per_s'] / theirs:.1f}" if theirs else "–",
+                     f"{r['sentences_per_s'] / speed[peer, 'peer']:.2f}", f"{r['cold_start_s']:.2f}",
+                     f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"])
+    return table(["model", "variant", "dev F1", "against the teacher", "sentences/s", "× teacher (same variant)",
+                  f"× {peer}", "cold start s", "load before / after"], body, right=range(2, 8))
+
+
 def tradeoff_plot(path: Path) -> None:
     """Dev F1 against sentences/s (log scale) of the CLUENER tradeoff rows, one marker per variant: each model's latest
     row of each variant timed on the 2,688 texts, the untrained cuts (``--cut NAME=...``: speed only) left out; each
@@ -1039,6 +1058,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "mtmt-smoke": mtmt_smoke_table,
     "tradeoff": tradeoff_table,
     "readme-students": readme_students_table,
+    "tradeoff-t20": lambda: tradeoff_run_table("runs/tradeoff-t20"),
     "students": students_table,
     "forgetting": forgetting_table,
     "startup": startup_table,
