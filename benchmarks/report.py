@@ -430,8 +430,8 @@ def readme_students_table(out: str = "--out runs/tradeoff-readme") -> str:
 
 def tradeoff_run_table(out: str, teacher: str = "teacher-12", peer: str = "jiagu") -> str:
     """One run of ``benchmarks/tradeoff.py`` (``--out OUT``): each model and variant's dev F1 against the ``teacher``
-    model's (its fp32 export's F1, the model's own), and its sentences/s against the teacher's export of the same variant
-    and the ``peer``'s, all measured in that run."""
+    model's (its fp32 export's F1, the model's own), and its sentences/s against the teacher's export of the same
+    variant and the ``peer``'s, all measured in that run."""
     run = [r for r in rows("tradeoff.jsonl") if r["command"].endswith(f"--out {out}")]
     speed = {(r["model"], r["variant"]): r["sentences_per_s"] for r in run}
     reference = next(r["dev_f1"] for r in run if r["model"] == teacher and r["variant"] == "fp32")
