@@ -49,7 +49,7 @@ class OnnxModel:
 
     :meth:`each_arrays` (many batches, as ``zhie predict`` runs them) runs whole batches at once instead, up to
     ``threads`` of them, each a single-threaded run, while the caller decodes the outputs of the one before: the
-    cores never wait for the decoding (benchmarks/RESULTS.md, "Batches ahead of the decoding").
+    cores do not wait for the decoding (benchmarks/RESULTS.md, "Batches ahead of the decoding").
     """
 
     runtime = "onnxruntime"

@@ -412,8 +412,9 @@ class WindowedTask(Task):
         at most ``max_tokens`` padded tokens (:func:`sorted_batches`); yield ``(text index, encoding, the text's
         windows, window index, the window's hits)``.
 
-        ``timings`` (optional) accumulates ``model_s`` (the time spent waiting for the model's outputs: an export runs
-        the batches ahead while this decodes, :meth:`zhie.deploy.runtime.OnnxModel.each_arrays`) and ``decode_s``.
+        ``timings`` (optional) accumulates ``model_s`` (the time spent getting each batch's outputs: building its
+        inputs and waiting for the model; an export runs the batches ahead while this decodes,
+        :meth:`zhie.deploy.runtime.OnnxModel.each_arrays`) and ``decode_s``.
         """
         size, overlap = self.window
         encodings = [self.text_tokenizer(t) for t in texts]
