@@ -49,6 +49,7 @@ WIKIANN = ["xner/wikiann/en/train", "xner/wikiann/en/dev", "xner/wikiann/de/trai
 # WIKIANN together is ~58 MiB).
 WIKI = "corpus/wiki.txt"  # packed as its first lines only: the students read its first --wiki-sentences sentences
 NEEDS = {"benchmarks/ner.py": NER, "benchmarks/multitask.py": FILES, "benchmarks/mtmt.py": WIKIANN,
+         "benchmarks/active_learning.py": NER, "benchmarks/forgetting.py": NER,
          "benchmarks/students.py": [*NER, "ner/cluener/test.json", "cws/sxu/train.txt", "cws/sxu/test.txt", WIKI,
                                     "corpus/medical.txt"]}
 WIKI_LINES = 10_000  # lines of WIKI packed: 26,000 sentences of 8-120 characters, 3.4 MB

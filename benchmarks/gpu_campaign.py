@@ -10,9 +10,9 @@ Runs the rows of ``.gpu-pack/rows.txt`` (key, then the command as ``campaign.dev
 zhie's e5-small), ``--parallel`` at a time, for at most ``--seconds``, once every module of ``.gpu-pack/requires.txt``
 (zhie's training dependencies) imports; a row that reads another's directory (a student, its teachers) waits for it
 and fails with it; rows that write into one shared directory (``--out {runs}/...``) start
-``--stagger`` seconds apart, and MTMT's rows of one seed run one after another (its ablations reuse the seed's
-teachers if they were trained on this machine; otherwise they train their own, so keep an ablation row and the
-systems it is compared with in one row or on one machine). Then every finished row goes to
+``--stagger`` seconds apart, and MTMT's rows of one seed, active learning's of one strategy, run one after another
+(MTMT's ablations reuse the seed's teachers if they were trained on this machine; otherwise they train their own, so
+keep an ablation row and the systems it is compared with in one row or on one machine). Then every finished row goes to
 ``$OUT/gpu_rows.jsonl`` (its results and per-evaluation metrics) and the logs to ``$OUT/logs.tar.gz``. Rows run
 without checkpoints: a row cut by the time limit starts again at the next call (MTMT keeps its finished stages),
 unless ``--save-every N`` is given: then every row checkpoints every N steps (and at each epoch end) and a cut row
@@ -41,6 +41,8 @@ CARRY = Path(__file__).resolve().parents[1] / ".gpu-pack"
 # The scripts that take ``--encoder`` (e5-small's pruned copy); the others find that copy as zhie's e5-small, in the
 # ZHIE_CACHE that main() sets.
 ENCODER_SCRIPTS = ("benchmarks/ner.py", "benchmarks/mtmt.py", "benchmarks/multitask.py")
+# Scripts whose rows write into one shared ``--out`` directory: the option whose value makes the rows of one chain.
+CHAINED_BY = {"benchmarks/mtmt.py": ("--seed", "--seeds"), "benchmarks/active_learning.py": ("--strategy",)}
 
 
 def rows(path: Path) -> list[tuple[str, str]]:
@@ -68,18 +70,20 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
     an earlier row's directory (``{runs}/KEY``: a student's teacher, the outputs it reuses) runs after it, in its
     chain, and waits for the others it reads, which run in other chains. Rows that write into one directory outside
     ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's pruned encoder; each rewrites
-    the samples): those of one seed form one chain (MTMT's ablations reuse its seed's teachers), and each further
-    chain on that directory starts ``stagger`` seconds after the one before."""
-    groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, seed)
+    the samples), and each further chain on that directory starts ``stagger`` seconds after the one before. Of those,
+    the rows of one :data:`CHAINED_BY` value form one chain: MTMT's of a seed (its ablations reuse the seed's
+    teachers), active learning's of a strategy (a longer curve continues the shorter one's rounds; the strategies of
+    a seed share only the seed round, which the first to reach it trains while the others wait)."""
+    groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, its value)
     group_of: dict[str, tuple[str, str, str]] = {}
     for key, command in rows_:
         words = shlex.split(command)
         out = words[words.index("--out") + 1] if "--out" in words else "{run_dir}"
         shared = "" if out == "{run_dir}" else out
-        seed = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in ("--seed", "--seeds")), "")
-        chained = shared and words[0] == "benchmarks/mtmt.py"
+        option = CHAINED_BY.get(words[0]) if shared else None
+        value = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in option), "") if option else ""
         read = [group_of[k] for k in reads(command, list(group_of))]
-        group = read[-1] if read else (shared, shared if chained else key, seed if chained else "")
+        group = read[-1] if read else (shared, shared if option else key, value)
         group_of[key] = group
         groups.setdefault(group, []).append((key, command))
     started: dict[str, int] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -255,6 +256,27 @@ def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(
         assert gpu_campaign.wait_for(gpu_campaign.reads(rows[-1][1], keys), tmp_path, time.time() + 1) is expected
     (tmp_path / "s__pd__teacher__s10" / "done.json").unlink()  # still running when time runs out
     assert gpu_campaign.wait_for(["s/pd/teacher/s10"], tmp_path, time.time() + 0.5) is False
+
+
+def test_active_learning_rows_of_one_strategy_and_seed_run_in_one_chain_on_a_gpu_machine():
+    """gpu_campaign.py's chains for active learning's rows, which write their rounds into one directory per dataset
+    and seed (``--out {runs}/al-...``): a longer curve of a strategy runs after the shorter one whose rounds it
+    continues (teacher-labelled text or not: both are that strategy's rounds), other strategies and seeds side by
+    side, each further chain on a directory ``stagger`` seconds later; every script the plan sends to a GPU machine
+    has the datasets it reads packed."""
+    gpu_campaign, campaign, device_pack = (_benchmark(n) for n in ("gpu_campaign", "campaign", "device_pack"))
+
+    def al(strategy, seed, sizes, more=""):
+        return (f"al/c/{strategy}{more.replace(' ', '')}/{sizes}/s{seed}",
+                f"benchmarks/active_learning.py --dataset cluener --strategy {strategy} --sizes 200,{sizes}{more} "
+                f"--seed {seed} --out {{runs}}/al-cluener-s{seed}")
+
+    rows = [al("random", 1, 1000), al("uncertainty", 1, 1000), al("random", 1, 4000), al("random", 2, 1000),
+            al("uncertainty", 1, 4000, " --teacher-labelled 2000")]
+    timed = {tuple(key for key, _ in chain): delay for delay, chain in gpu_campaign.chains(rows, 20)}
+    assert timed == {(rows[0][0], rows[2][0]): 0, (rows[1][0], rows[4][0]): 20, (rows[3][0],): 0}
+    assert campaign.device_command("{python} " + rows[0][1] + " --save-every 100") == shlex.join(rows[0][1].split())
+    assert set(campaign.GPU_SCRIPTS) <= set(device_pack.NEEDS)
 
 
 def test_gpu_rows_after_a_failed_row_they_read_are_marked_failed_at_once(tmp_path, monkeypatch):
