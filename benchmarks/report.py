@@ -430,19 +430,21 @@ def readme_students_table(out: str = "--out runs/tradeoff-readme") -> str:
 
 def tradeoff_run_table(out: str, teacher: str = "teacher-12", peer: str = "jiagu") -> str:
     """One run of ``benchmarks/tradeoff.py`` (``--out OUT``): each model and variant's dev F1 against the ``teacher``
-    model's (its fp32 export's F1, the model's own), and its sentences/s against the teacher's export of the same
-    variant and the ``peer``'s, all measured in that run."""
+    model's (its fp32 export's F1, the model's own; its first row's when the run has no fp32 export), and its
+    sentences/s against the teacher's export of the same variant and the ``peer``'s ("–" where the run has none),
+    all measured in that run. A peer's F1 counts only the labels it shares with the dataset."""
     run = [r for r in rows("tradeoff.jsonl") if r["command"].endswith(f"--out {out}")]
     speed = {(r["model"], r["variant"]): r["sentences_per_s"] for r in run}
-    reference = next(r["dev_f1"] for r in run if r["model"] == teacher and r["variant"] == "fp32")
+    theirs = [r for r in run if r["model"] == teacher]
+    reference = next((r for r in theirs if r["variant"] == "fp32"), theirs[0])["dev_f1"]
     body = []
     for r in run:
-        theirs = speed.get((teacher, r["variant"]))
+        same = speed.get((teacher, r["variant"]))
         body.append([r["model"], r["variant"], pct(r["dev_f1"]) if r["dev_f1"] is not None else "–",
                      signed(100 * (r["dev_f1"] - reference)) if r["dev_f1"] is not None else "–",
-                     f"**{r['sentences_per_s']:,.0f}**", f"{r['sentences_per_s'] / theirs:.1f}" if theirs else "–",
-                     f"{r['sentences_per_s'] / speed[peer, 'peer']:.2f}", f"{r['cold_start_s']:.2f}",
-                     f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"])
+                     f"**{r['sentences_per_s']:,.0f}**", f"{r['sentences_per_s'] / same:.1f}" if same else "–",
+                     f"{r['sentences_per_s'] / speed[peer, 'peer']:.2f}" if (peer, "peer") in speed else "–",
+                     f"{r['cold_start_s']:.2f}", f"{r['load_before'][0]:.2f} / {r['load_after'][0]:.2f}"])
     return table(["model", "variant", "dev F1", "against the teacher", "sentences/s", "× teacher (same variant)",
                   f"× {peer}", "cold start s", "load before / after"], body, right=range(2, 8))
 
