@@ -68,9 +68,10 @@ def wait_for(keys: list[str], runs: Path, deadline: float) -> bool:
 def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, list[tuple[str, str]]]]:
     """The rows as chains that run side by side, each with the seconds it waits before it starts. A row that reads
     an earlier row's directory (``{runs}/KEY``: a student's teacher, the outputs it reuses) runs after it, in its
-    chain, and waits for the others it reads, which run in other chains. Rows that write into one directory outside
-    ``{run_dir}`` share what the first one prepares there (the data samples, MTMT's pruned encoder; each rewrites
-    the samples), and each further chain on that directory starts ``stagger`` seconds after the one before. Of those,
+    chain, when that row is the chain's last so far, else in a chain of its own (the rows that read one model, the
+    extensions of one old model, run side by side); either way it waits for the rows it reads.
+    Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the data
+    samples, MTMT's pruned encoder; each rewrites the samples), and each further chain on that directory starts ``stagger`` seconds after the one before. Of those,
     the rows of one :data:`CHAINED_BY` value form one chain: MTMT's of a seed (its ablations reuse the seed's
     teachers), active learning's of a strategy (a longer curve continues the shorter one's rounds; the strategies of
     a seed share only the seed round, which the first to reach it trains while the others wait)."""
@@ -82,8 +83,8 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
         shared = "" if out == "{run_dir}" else out
         option = CHAINED_BY.get(words[0]) if shared else None
         value = next((words[i + 1] for i, w in enumerate(words[:-1]) if w in option), "") if option else ""
-        read = [group_of[k] for k in reads(command, list(group_of))]
-        group = read[-1] if read else (shared, shared if option else key, value)
+        last = [group_of[k] for k in reads(command, list(group_of)) if groups[group_of[k]][-1][0] == k]
+        group = last[-1] if last else (shared, shared if option else key, value)
         group_of[key] = group
         groups.setdefault(group, []).append((key, command))
     started: dict[str, int] = {}

@@ -243,17 +243,20 @@ def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(
                              "--targets-from {runs}/s__pd__student__s1/student --out {run_dir}")]
     rows.append(("s/pd/ensemble/s1", "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best "
                                      "--teacher {runs}/s__pd__teacher__s10/pd-gp/best --out {run_dir}"))
+    # a second row that reads the teacher of seed 1, after its chain went on: a chain of its own, beside the student
+    rows.append(("s/pd/other/s1",
+                 "benchmarks/students.py --teacher {runs}/s__pd__teacher__s1/pd-gp/best --out {run_dir}"))
     chains = [[key for key, _ in chain] for _, chain in gpu_campaign.chains(rows, 20)]
-    assert sorted(chains) == [["s/pd/teacher/s1", "s/pd/student/s1", "s/pd/conv/s1"],
+    assert sorted(chains) == [["s/pd/other/s1"], ["s/pd/teacher/s1", "s/pd/student/s1", "s/pd/conv/s1"],
                               ["s/pd/teacher/s10", "s/pd/ensemble/s1"]]
     # ... and before it starts, it waits for the rows of other chains that it reads: none failed, none cut
     keys = [key for key, _ in rows]
-    assert gpu_campaign.reads(rows[-1][1], keys) == ["s/pd/teacher/s1", "s/pd/teacher/s10"]
+    assert gpu_campaign.reads(rows[4][1], keys) == ["s/pd/teacher/s1", "s/pd/teacher/s10"]
     for rc, expected in ((0, True), (1, False)):
         for key in ("s/pd/teacher/s1", "s/pd/teacher/s10"):
             (tmp_path / key.replace("/", "__")).mkdir(exist_ok=True)
             (tmp_path / key.replace("/", "__") / "done.json").write_text(json.dumps({"rc": rc if "s10" in key else 0}))
-        assert gpu_campaign.wait_for(gpu_campaign.reads(rows[-1][1], keys), tmp_path, time.time() + 1) is expected
+        assert gpu_campaign.wait_for(gpu_campaign.reads(rows[4][1], keys), tmp_path, time.time() + 1) is expected
     (tmp_path / "s__pd__teacher__s10" / "done.json").unlink()  # still running when time runs out
     assert gpu_campaign.wait_for(["s/pd/teacher/s10"], tmp_path, time.time() + 0.5) is False
 
