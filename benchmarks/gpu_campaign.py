@@ -73,9 +73,9 @@ def chains(rows_: list[tuple[str, str]], stagger: float) -> list[tuple[float, li
     Rows that write into one directory outside ``{run_dir}`` share what the first one prepares there (the data
     samples, MTMT's pruned encoder; each rewrites the samples), and each further chain on that directory starts
     ``stagger`` seconds after the one before. Of those, the rows of one :data:`CHAINED_BY` value form one chain:
-    MTMT's of a seed (its ablations reuse the seed's
-    teachers), active learning's of a strategy (a longer curve continues the shorter one's rounds; the strategies of
-    a seed share only the seed round, which the first to reach it trains while the others wait)."""
+    MTMT's of a seed (its ablations reuse the seed's teachers), active learning's of a strategy (a longer curve
+    continues the shorter one's rounds; the strategies of a seed share only the seed round, which the first to reach
+    it trains while the others wait)."""
     groups: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (shared directory or "", chain, its value)
     group_of: dict[str, tuple[str, str, str]] = {}
     for key, command in rows_:

@@ -232,7 +232,8 @@ def test_a_gpu_row_cut_by_the_time_limit_resumes_only_with_save_every(tmp_path, 
 
 def test_a_gpu_row_that_reads_another_rows_directory_runs_after_it_in_its_chain(tmp_path):
     """gpu_campaign.py's chains: a student that reads its teacher's row directory (``{runs}/KEY/``), and one that
-    reuses that student's outputs, run one after another behind the teacher; rows that read nothing run side by side;
+    reuses that student's outputs, run one after another behind the teacher; a later row that reads the teacher runs
+    in a chain of its own (and waits); rows that read nothing run side by side;
     a row whose key only begins like another's directory is not chained to it."""
     gpu_campaign = _benchmark("gpu_campaign")
     rows = [("s/pd/teacher/s1", "benchmarks/ner.py --out {run_dir}"),
