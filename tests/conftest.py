@@ -1,4 +1,4 @@
-"""The shared datasets (``needs_data``) and the session's own zhie cache.
+"""The shared datasets (``needs_data``), the session's own zhie cache and its torch threads.
 
 Tests marked ``needs_data`` read the real corpora of ``../shared/data`` (or of ``$ZHIE_DATA``, as the benchmarks do);
 without them they skip, saying so, and with ``ZHIE_REQUIRE_DATA=1`` (``.ci/run``) they fail instead. Every other test
@@ -25,6 +25,11 @@ def pytest_configure(config):
     cache = Path(tempfile.mkdtemp(prefix="zhie-tests-cache-"))
     config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
     os.environ.update(ZHIE_CACHE=str(cache / "zhie"), XDG_CACHE_HOME=str(cache))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        # pytest-xdist's `-n N`: the cores shared among the workers (and their subprocesses) instead of each worker's
+        # torch spinning a thread per core; tiny models gain little from a second thread anyway
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.hookimpl(tryfirst=True)
