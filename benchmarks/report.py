@@ -1061,6 +1061,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tradeoff": tradeoff_table,
     "readme-students": readme_students_table,
     "tradeoff-t20": lambda: tradeoff_run_table("runs/tradeoff-t20"),
+    "tradeoff-t23": lambda: tradeoff_run_table("runs/tradeoff-t23"),
     "students": students_table,
     "forgetting": forgetting_table,
     "startup": startup_table,
