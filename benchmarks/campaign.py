@@ -120,7 +120,9 @@ def worktree(repo: Path, commit: str, directory: Path) -> Path:
 
 
 def seed_of(command: str) -> int | None:
-    match = re.search(r"--seeds?[ =](\d+)", command)
+    """The seed a row's ``command`` runs with: its first ``--seed``/``--seeds``, outside quoted arguments (a students
+    row's ``--train-teacher '... --seed 1'`` is its teacher's command, not the row's)."""
+    match = re.search(r"--seeds?[ =](\d+)", re.sub(r"'[^']*'|\"[^\"]*\"", "", command))
     return int(match.group(1)) if match else None
 
 

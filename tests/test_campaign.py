@@ -403,3 +403,15 @@ def test_a_result_line_names_no_path_of_this_machine(tmp_path, monkeypatch):
             "dev": "../shared/data/ner/cluener/dev.json", "out": "RUNS/x__s1/best", "script": "benchmarks/ner.py"}
     finally:
         sys.modules.pop("common", None)
+
+
+def test_a_rows_seed_is_its_own_not_that_of_a_quoted_command_it_passes_on():
+    """The seed of a result line is the row's ``--seed``, not the one inside a quoted inner command (a students
+    row's ``--train-teacher '... --seed 1'``)."""
+    campaign = _benchmark("campaign")
+    row = ("{python} benchmarks/students.py --teacher {runs}/t/best --train-teacher '--dataset cluener --epochs 3 "
+           "--seed 1' --student conv --seed 2 --out {run_dir}")
+    assert campaign.seed_of(row) == 2
+    assert campaign.seed_of('{python} benchmarks/x.py --train-teacher "--seed 7" --seeds 3') == 3
+    assert campaign.seed_of("{python} benchmarks/ner.py --seed=4 --out {run_dir}") == 4
+    assert campaign.seed_of("{python} benchmarks/ner.py --out {run_dir}") is None
