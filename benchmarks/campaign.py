@@ -120,10 +120,18 @@ def worktree(repo: Path, commit: str, directory: Path) -> Path:
 
 
 def seed_of(command: str) -> int | None:
-    """The seed a row's ``command`` runs with: its first ``--seed``/``--seeds``, outside quoted arguments (a students
-    row's ``--train-teacher '... --seed 1'`` is its teacher's command, not the row's)."""
-    match = re.search(r"--seeds?[ =](\d+)", re.sub(r"'[^']*'|\"[^\"]*\"", "", command))
-    return int(match.group(1)) if match else None
+    """The seed a row's ``command`` runs with: the first number of its first ``--seed``/``--seeds``, among the words
+    its process is given (a quoted argument is one word: a students row's ``--train-teacher '... --seed 1'`` is its
+    teacher's command, not the row's)."""
+    words = shlex.split(command)
+    for i, word in enumerate(words):
+        flag, equals, value = word.partition("=")
+        if flag in ("--seed", "--seeds"):
+            if not equals:
+                value = words[i + 1] if i + 1 < len(words) else ""
+            match = re.match(r"\d+", value)
+            return int(match.group()) if match else None
+    return None
 
 
 def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) -> bool:
