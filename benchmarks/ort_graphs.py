@@ -4,12 +4,14 @@
 
 From one model: zhie's fp32 exports at opsets 23 (the default) and 18, each also rewritten by onnxruntime's
 transformer optimizer (``onnxruntime.transformers.optimizer.optimize_model(model_type="bert")``, the fusions of its
-BERT recipe: attention, SkipLayerNormalization, BiasGelu), each of the four quantised as ``zhie export --quantize int8
---per-channel --reduce-range`` does, and onnxruntime's weight-only ``MatMulNBits`` (8 and 4 bits, blocks of 32,
-symmetric, ``accuracy_level=4``: int8 activations inside the kernel) of the opset-23 graph. Every variant predicts the
-same first ``--texts`` dev texts in one process, in turns (``--repeats`` rounds, the median), batch 32, 2 threads;
-one JSON line per variant: sentences/s, the ratio to the opset-23 fp32 export, the fused operators, and how many texts
-get the same entities (offsets and labels) as the fp32 export.
+BERT recipe: attention, SkipLayerNormalization, BiasGelu), each of the four quantised by onnxruntime's dynamic
+quantisation with zhie's int8 settings (per channel, 7-bit weights; one activation scale per run), and onnxruntime's
+weight-only ``MatMulNBits`` (8 and 4 bits, blocks of 32, symmetric, ``accuracy_level=4``: int8 activations inside the
+kernel) of the opset-23 graph; against them what ``zhie export --quantize int8 --per-channel --reduce-range`` writes
+(``zhie-int8-23``: a scale per token) and the same with ``--batch-scales`` (``zhie-int8-23-batch-scales``). Every
+variant predicts the same first ``--texts`` dev texts in one process, in turns (``--repeats`` rounds, the median),
+batch 32, 2 threads; one JSON line per variant: sentences/s, the ratio to the opset-23 fp32 export, the fused
+operators, and how many texts get the same entities (offsets and labels) as the fp32 export.
 """
 
 from __future__ import annotations
@@ -96,8 +98,11 @@ def run(args, work: Path) -> None:
             int8(work / name, work / name.replace("fp32", "int8"))
     for bits in (8, 4):
         nbits(work / "fp32-23", work / f"nbits{bits}-23", bits)
+    for name, batch_scales in (("zhie-int8-23", False), ("zhie-int8-23-batch-scales", True)):
+        export(args.model, work / name, quantize="int8", per_channel=True, reduce_range=True, batch_scales=batch_scales)
     names = ["fp32-23", "fp32-23-ort-optimizer", "fp32-18", "fp32-18-ort-optimizer", "int8-23",
-             "int8-23-ort-optimizer", "int8-18", "int8-18-ort-optimizer", "nbits8-23", "nbits4-23"]
+             "int8-23-ort-optimizer", "int8-18", "int8-18-ort-optimizer", "nbits8-23", "nbits4-23", "zhie-int8-23",
+             "zhie-int8-23-batch-scales"]
     pipes = {}
     for name in names:
         task, model = load_export(work / name, threads=2)  # as zhie.load, with onnxruntime's threads set
