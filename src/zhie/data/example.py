@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from zhie.core.spans import Span
 from zhie.data.base import DataError, PathLike, shown
 
-__all__ = ["NerExample", "check_range", "is_int", "make_example", "text_field"]
+__all__ = ["NerExample", "check_range", "inclusive_span", "is_int", "make_example", "text_field"]
 
 
 @dataclass
@@ -54,3 +54,15 @@ def check_range(path: PathLike, lineno: int, text: str, start, end, what: str) -
             path, lineno, f"{what}: range [{shown(start)}, {shown(end)}) is empty or outside the text (length "
                           f"{len(text)})"
         )
+
+
+def inclusive_span(path: PathLike, lineno: int, text: str, start, end_incl, mention, what: str,
+                   key: str = "mention") -> tuple[int, int]:
+    """The exclusive range ``(start, end)`` of a span given with an inclusive end (CLUENER's and CMeEE's offsets),
+    checked (:func:`check_range`) and against its ``mention``, the text the record's ``key`` says it covers."""
+    end = end_incl + 1 if is_int(end_incl) else end_incl
+    check_range(path, lineno, text, start, end, what)
+    if text[start:end] != mention:
+        raise DataError(path, lineno, f"{what}: {key} {shown(mention)} does not match the text at [{start}, "
+                                      f"{end_incl}] (end inclusive), which reads {shown(text[start:end])}")
+    return start, end

@@ -36,7 +36,7 @@ from zhie.core.files import atomic_write_text
 from zhie.core.spans import Span, tags_to_spans
 from zhie.data.base import DataError, PathLike, iter_json_list, iter_lines, json_line, shown
 from zhie.data.doccano import is_doccano, read_doccano
-from zhie.data.example import NerExample, check_range, is_int, make_example, text_field
+from zhie.data.example import NerExample, check_range, inclusive_span, is_int, make_example, text_field
 
 __all__ = ["FORMATS", "NerExample", "detect_format", "read_cluener", "read_cmeee", "read_conll", "read_ner",
            "read_ner_jsonl", "write_ner_jsonl"]
@@ -67,17 +67,7 @@ def _cluener_record(path: PathLike, lineno: int, record: dict) -> NerExample:
             for pair in offsets:
                 if not (isinstance(pair, list) and len(pair) == 2):
                     raise DataError(path, lineno, f"{what}: expected a [start, end] pair, got {shown(pair)}")
-                start, end_incl = pair
-                end = end_incl + 1 if is_int(end_incl) else end_incl
-                check_range(path, lineno, text, start, end, what)
-                if text[start:end] != mention:
-                    raise DataError(
-                        path,
-                        lineno,
-                        f"{what}: mention does not match the text at [{start}, {end_incl}] "
-                        f"(end inclusive), which reads {shown(text[start:end])}",
-                    )
-                triples.append((start, end, etype))
+                triples.append((*inclusive_span(path, lineno, text, *pair, mention, what), etype))
     return make_example(text, triples)
 
 
@@ -203,16 +193,7 @@ def _cmeee_record(path: PathLike, lineno: int, index: int, record: object) -> Ne
         start, end_incl, etype, mention = ent["start_idx"], ent["end_idx"], ent["type"], ent["entity"]
         if not isinstance(etype, str) or not etype:
             raise DataError(path, lineno, f"{what}: 'type' must be a non-empty string, got {shown(etype)}")
-        end = end_incl + 1 if is_int(end_incl) else end_incl
-        check_range(path, lineno, text, start, end, what)
-        if text[start:end] != mention:
-            raise DataError(
-                path,
-                lineno,
-                f"{what}: 'entity' {shown(mention)} does not match the text at [{start}, {end_incl}] "
-                f"(end inclusive), which reads {shown(text[start:end])}",
-            )
-        triples.append((start, end, etype))
+        triples.append((*inclusive_span(path, lineno, text, start, end_incl, mention, what, "'entity'"), etype))
     return make_example(text, triples)
 
 
