@@ -1062,6 +1062,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "readme-students": readme_students_table,
     "tradeoff-t20": lambda: tradeoff_run_table("runs/tradeoff-t20"),
     "tradeoff-t23": lambda: tradeoff_run_table("runs/tradeoff-t23"),
+    "tradeoff-t24": lambda: tradeoff_run_table("runs/tradeoff-t24"),
     "students": students_table,
     "forgetting": forgetting_table,
     "startup": startup_table,
