@@ -106,7 +106,7 @@ def run(args) -> dict:
                          "--medical-sentences N")
     unlabelled.write_text("\n".join(texts) + "\n", encoding="utf-8")
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, head_lr=args.head_lr,
-                         seed=args.seed, save_every=args.save_every, adversarial=args.adversarial)
+                         seed=args.seed, save_every=args.save_every, adversarial=args.adversarial, ema=args.ema)
     targets_from = stored_targets(args.targets_from)
     start = time.time()
     result = distill_student(teacher_dirs, train, out=out / "student", dev=dev,
@@ -123,7 +123,7 @@ def run(args) -> dict:
             "layers": args.layers,
             "keep_layers": args.keep_layers if args.student == "cut" else None,
             "width": args.width if args.student in ("conv", "narrow") else None, "ffn_width": args.ffn_width,
-            "attention_heads": args.attention_heads, "adversarial": args.adversarial,
+            "attention_heads": args.attention_heads, "adversarial": args.adversarial, "ema": args.ema,
             "dilations": args.dilations, "bigrams": args.bigrams, "head": args.head,
             "targets_from": targets_from,
             "wiki_sentences": args.wiki_sentences, "medical_sentences": args.medical_sentences,
@@ -172,6 +172,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--head-lr", type=float, default=None)
     p.add_argument("--adversarial", default=None, choices=["fgm", "pgd"], help="the student's adversarial training")
+    p.add_argument("--ema", type=float, default=None, help="the EMA decay of the student's weights (zhie's --ema)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--save-every", type=int, default=None)
     p.add_argument("--out", required=True)
