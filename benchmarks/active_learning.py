@@ -35,6 +35,9 @@ differently), ``train.jsonl``, ``model/`` (resumable with ``--save-every``; its 
 round is done), ``done.json`` (the round's result: a rerun skips the round and prints its line again) and
 ``distilled-N/``. ``settings.json`` refuses a run directory made with other settings. A run stopped by the end of a
 session resumes exactly (zhie's ``checkpoint.pt``); a later run with more ``--sizes`` continues the curve.
+``--train-sizes`` trains only some of the sizes (random and diversity, whose picks need no model: the labelled sets of
+the sizes between are drawn as before, without training), so that a curve's later points can be added on a machine
+that no longer has its earlier rounds.
 
 Cost, in CPU minutes of the 2-core machine (e5-small, gp; the campaign's rates: ~0.15 CPU s per sentence x epoch of
 CLUENER training, ~0.2 for CMeEE's longer texts, ~0.02-0.035 per sentence evaluated or scored): a round trains
@@ -71,6 +74,7 @@ from zhie.training.students import distill_student
 DATASETS = ("cluener", "cmeee")
 HEADS = ("gp", "egp", "crf", "softmax")
 MIN_EPOCHS = 3
+MODEL_FREE = ("random", "diversity")  # the strategies whose picks need no model: --train-sizes
 SETTINGS = ("dataset", "seed", "head", "encoder", "max_length", "batch_size", "min_steps", "evals")  # of a run dir
 
 
@@ -247,11 +251,22 @@ def run(args) -> None:
     train, dev = dataset_files(args.dataset, out)
     pool = read_pool(train)
     sizes = sizes_of(args.sizes, len(pool))
+    trained = set(sizes_of(args.train_sizes, len(pool))) if args.train_sizes else set(sizes)
+    if not trained <= set(sizes):
+        raise SystemExit(f"--train-sizes {','.join(args.train_sizes)}: give sizes among --sizes "
+                         f"{','.join(args.sizes)}")
+    if trained != set(sizes) and args.strategy not in MODEL_FREE:
+        raise SystemExit(f"--train-sizes: {args.strategy} picks each round's texts with the model of the round "
+                         f"before, so every round is trained; only {' and '.join(MODEL_FREE)} can skip rounds")
     check_settings(out, args)
     labelled: list[int] = []
     previous = None
     for size in sizes:
         directory = out / f"round-{size}" if previous is None else out / args.strategy / f"round-{size}"
+        if size not in trained:  # random and diversity draw the next texts without this round's model
+            labelled = labelled_set(directory, [e.text for e in pool], labelled, size, previous, args)["indices"]
+            previous = directory
+            continue
         if previous is None:  # the seed round, shared by the strategies: one of them trains it, the others wait
             with FileLock(out / f".round-{size}.wait.lock"):
                 labelled, row = run_round(directory, pool, labelled, size, previous, dev, args)
@@ -268,6 +283,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=1, help="the seed set's draw, random's draws and the trainings")
     p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("200,500,1000,2000,4000"),
                    help="cumulative labelled-set sizes, the first the seed set (full: the whole pool)")
+    p.add_argument("--train-sizes", type=parse_sizes, default=None,
+                   help="train (and record) only these of --sizes, default every one: the labelled sets of the others "
+                        "are drawn all the same (random and diversity only, whose picks need no model), so a curve's "
+                        "later points can be added on a machine without its earlier rounds")
     p.add_argument("--head", default="gp", choices=HEADS)
     p.add_argument("--encoder", default="e5-small", help="e5-small, a local encoder directory, or tiny (smoke tests)")
     p.add_argument("--max-length", type=int, default=256)

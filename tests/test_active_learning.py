@@ -40,9 +40,9 @@ def curve(al, tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
     out = tmp_path / "run"
 
-    def run(strategy: str) -> list[dict]:
+    def run(strategy: str, *extra: str, out: Path = out) -> list[dict]:
         al.main(["--dataset", "cluener", "--strategy", strategy, "--encoder", "tiny", "--sizes", "20,40,60",
-                 "--min-steps", "6", "--batch-size", "8", "--evals", "2", "--out", str(out), "--quiet"])
+                 "--min-steps", "6", "--batch-size", "8", "--evals", "2", "--out", str(out), "--quiet", *extra])
         path = tmp_path / "results" / "active_learning.jsonl"
         return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -99,3 +99,20 @@ def test_sizes_and_epochs(al):
     config = al.round_config(200, Args)
     assert (config.epochs, config.eval_every) == (48, 125)  # 48 x 13 = 624 steps: 125, 250, 375, 500, 624
     assert al.round_config(4000, Args).eval_every is None  # 3 epochs: each epoch
+
+
+def test_later_points_of_a_model_free_curve_without_its_earlier_rounds(curve, tmp_path):
+    """--train-sizes: random's round of 60 on a fresh run directory labels the texts that the whole chain labels
+    there, and trains only that round; a strategy that needs the model of the round before refuses."""
+    run, out = curve
+    whole = run("random")
+    fresh = tmp_path / "fresh"
+    rows = run("random", "--train-sizes", "60", out=fresh)[len(whole):]
+    assert [(r["size"], r["round"]) for r in rows] == [(60, "selected")]
+    assert _sets(fresh, "random") == _sets(out, "random")
+    assert [p.parent.name for p in fresh.rglob("done.json")] == ["round-60"]
+    assert rows[0]["dev_f1"] == whole[2]["dev_f1"]  # the same labelled set, seed and settings: the same model
+    with pytest.raises(SystemExit, match="uncertainty picks each round's texts with the model"):
+        run("uncertainty", "--train-sizes", "60", out=tmp_path / "other")
+    with pytest.raises(SystemExit, match="among --sizes"):
+        run("random", "--train-sizes", "50", out=tmp_path / "other")
