@@ -933,6 +933,17 @@ def peers_train_table() -> str:
 # --- active learning (benchmarks/active_learning.py) ---------------------------------------------------------------
 
 AL_STRATEGIES = ("random", "uncertainty", "diversity", "uncertainty-diversity")
+AL_MIN_STEPS = 600  # active_learning.py's default --min-steps: rounds trained longer are curves of their own
+
+
+def al_curve_name(r: dict) -> str:
+    """A round's curve: its strategy, with the steps it was trained for at least when not the default's."""
+    return r["strategy"] + ("" if r["min_steps"] == AL_MIN_STEPS else f", ≥ {r['min_steps']:,} steps")
+
+
+def al_curve_names(names) -> list[str]:
+    """The curves among ``names`` in :data:`AL_STRATEGIES`' order, each strategy's longer-trained curves after it."""
+    return sorted(set(names), key=lambda n: (AL_STRATEGIES.index(n.split(",")[0]), n))
 
 
 def al_rounds(distilled: bool = False) -> list[dict]:
@@ -965,7 +976,7 @@ def _al_curves(rounds: list[dict], field: str) -> dict[tuple, dict[str, list[flo
     for r in rounds:
         if r["share"] < 1 and r.get(field) is not None:
             key = (r["dataset"], r["size"], r["pool"], r["teacher_labelled"] if field == "distilled_f1" else 0)
-            curves.setdefault(key, {}).setdefault(r["strategy"], []).append(r[field])
+            curves.setdefault(key, {}).setdefault(al_curve_name(r), []).append(r[field])
     return curves
 
 
@@ -977,7 +988,7 @@ def active_learning_table() -> str:
     curves = {**_al_curves(gold, "dev_f1"), **_al_curves(distilled, "distilled_f1")}
     if not curves:
         return "_No rows yet: the campaign's `al/` rows (`benchmarks/active_learning.py`) have not run._"
-    strategies = [s for s in AL_STRATEGIES if any(s in by for by in curves.values())]
+    strategies = al_curve_names(name for by in curves.values() for name in by)
     body = []
     for dataset in dict.fromkeys(key[0] for key in sorted(curves)):
         sizes = sorted(key for key in curves if key[0] == dataset)
@@ -1015,7 +1026,7 @@ def active_learning_plot(path: Path) -> None:
     fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         sizes = sorted(key for key in curves if key[0] == dataset and not key[3])
-        for strategy in AL_STRATEGIES:
+        for strategy in al_curve_names(name for key in sizes for name in curves[key]):
             points = [(key[1], curves[key][strategy]) for key in sizes if strategy in curves[key]]
             if points:
                 ax.errorbar([s for s, _ in points], [100 * statistics.mean(v) for _, v in points],

@@ -116,3 +116,25 @@ def test_later_points_of_a_model_free_curve_without_its_earlier_rounds(curve, tm
         run("uncertainty", "--train-sizes", "60", out=tmp_path / "other")
     with pytest.raises(SystemExit, match="among --sizes"):
         run("random", "--train-sizes", "50", out=tmp_path / "other")
+
+
+def test_the_report_keeps_rounds_trained_longer_apart(monkeypatch):
+    """report.py's learning-curve table: rounds of another --min-steps are a curve of their own beside their strategy,
+    not seeds of it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmarks_report", BENCHMARKS / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+
+    def line(strategy, size, f1, min_steps=600):
+        return {"dataset": "cluener", "strategy": strategy, "seed": 1, "size": size, "pool": 10000,
+                "share": size / 10000, "head": "gp", "encoder": "e5-small", "min_steps": min_steps,
+                "teacher_labelled": 0, "dev_f1": f1}
+
+    lines = [line("random", 4000, 0.72), line("uncertainty", 4000, 0.74), line("random", 4000, 0.75, 2016)]
+    monkeypatch.setattr(report, "campaign", lambda prefix: [])
+    monkeypatch.setattr(report, "rows", lambda name: lines if name == "active_learning.jsonl" else [])
+    header, _, body = report.active_learning_table().splitlines()[:3]
+    assert header.split(" | ")[2:] == ["random", "random, ≥ 2,016 steps", "uncertainty |"]
+    assert body.split(" | ")[2:] == ["72.00 (1)", "75.00 (1)", "74.00 (1) |"]
