@@ -6,6 +6,7 @@ to ONNX (fp32 and int8) with the torch model's predictions."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -31,6 +32,9 @@ from zhie.training import TrainConfig
 
 TEXTS = ["王伟在青山市的远华大学工作了很多年。", "好", "记者从恒信银行获悉，李娜将前往北宁县考察。", "中国人民"]
 SPEC = "new:conv:layers=4,hidden=48,embedding=24,dilations=1-3"  # the NER model's encoder
+# int8 moves the NER models' logits by up to 0.57-0.84 on these texts (onnxruntime 1.32, an AVX2 CPU): the largest
+# move allowed, and the distance from the threshold within which a span may flip
+INT8_MARGIN = 1.0
 
 
 def small(**fields) -> ConvModel:
@@ -244,6 +248,12 @@ def spans(pipe, texts, scores=False):
     return [[(s.start, s.end, s.label) + ((s.score,) if scores else ()) for s in row] for row in pipe.predict(texts)]
 
 
+def span_logits(rows):
+    """``{(row, start, end, label): logit}`` of predicted spans (their score is ``sigmoid(2 * logit)``)."""
+    return {(i, *s[:3]): 0.5 * math.log(s[3] / (1 - s[3])) if s[3] < 1 else math.inf
+            for i, row in enumerate(rows) for s in row}
+
+
 def test_a_conv_ner_model_learns(ner):
     result, _ = ner
     print(f"dev F1 {result['best']['f1']:.3f}")
@@ -281,6 +291,16 @@ def test_a_conv_ner_model_exports_with_the_same_predictions(ner, tmp_path, quant
     long = "".join(ex.text for ex in nested_corpus(8, seed=11))  # several 64-token windows
     texts = [ex.text for ex in nested_corpus(6, seed=21)] + TEXTS + [long, ""]
     expected, got = spans(torch_pipe, texts, scores=True), spans(onnx_pipe, texts, scores=True)
-    assert [[s[:3] for s in row] for row in got] == [[s[:3] for s in row] for row in expected]
+    assert sum(map(len, expected)) >= 40
     if quantize is None:
+        assert [[s[:3] for s in row] for row in got] == [[s[:3] for s in row] for row in expected]
         assert all(abs(g[3] - e[3]) <= 1e-4 for gr, er in zip(got, expected) for g, e in zip(gr, er))
+        return
+    # int8 moves every logit a little (the record's largest move on the export's check texts): a span whose logit is
+    # within INT8_MARGIN of the threshold 0 may appear or vanish, no other may, and those are few
+    assert record["int8_max_abs_diff"] <= INT8_MARGIN
+    want, have = span_logits(expected), span_logits(got)
+    flipped = {k: want[k] for k in want.keys() - have.keys()} | {k: have[k] for k in have.keys() - want.keys()}
+    print(f"int8 logit move {record['int8_max_abs_diff']:.3f}; the spans that flipped, with their logits: {flipped}")
+    assert all(logit < INT8_MARGIN for logit in flipped.values())
+    assert len(flipped) <= 0.1 * sum(map(len, expected))
