@@ -28,7 +28,9 @@ LOCK_HELD_ENV = "ZHIE_MACHINE_LOCK_HELD"  # set by the campaign runner for the r
 def machine_lock(directory: Path = CAMPAIGN_DIR):
     """Hold the machine for one benchmark: a second benchmark (or the campaign runner's next row) waits until this
     one ends, so that two never share the cores. A row started by the runner, which holds the lock, passes, and so
-    does ``--help`` (it measures nothing)."""
+    does ``--help`` (it measures nothing). While held, ``LOCK_HELD_ENV`` is set in this process's environment, so a
+    benchmark it starts (``students.py`` training its teacher by ``ner.py``) passes too instead of waiting forever
+    for its own parent."""
     if os.environ.get(LOCK_HELD_ENV) or {"-h", "--help"} & set(sys.argv[1:]):
         yield
         return
@@ -40,9 +42,11 @@ def machine_lock(directory: Path = CAMPAIGN_DIR):
         print(f"waiting for another benchmark to finish (lock {directory / 'machine.lock'}; "
               f"`python benchmarks/campaign.py status` says which)", file=sys.stderr, flush=True)
         lock.acquire()
+    os.environ[LOCK_HELD_ENV] = "1"
     try:
         yield
     finally:
+        del os.environ[LOCK_HELD_ENV]
         lock.release()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -415,3 +416,18 @@ def test_a_rows_seed_is_its_own_not_that_of_a_quoted_command_it_passes_on():
     assert campaign.seed_of('{python} benchmarks/x.py --train-teacher "--seed 7" --seeds 3') == 3
     assert campaign.seed_of("{python} benchmarks/ner.py --seed=4 --out {run_dir}") == 4
     assert campaign.seed_of("{python} benchmarks/ner.py --out {run_dir}") is None
+
+
+def test_a_benchmark_started_by_one_holding_the_machine_lock_passes_it(tmp_path):
+    """``students.py`` holds the lock and trains its teacher by ``ner.py``, which takes the lock too: the child must
+    pass the lock its parent holds, not wait for the parent to end (it waited forever)."""
+    nested = ("import sys; sys.path.insert(0, sys.argv[1]); from common import machine_lock\n"
+              "with machine_lock(): print('child ran')")
+    parent = ("import subprocess, sys; sys.path.insert(0, sys.argv[1]); from common import machine_lock\n"
+              "with machine_lock():\n"
+              f"    subprocess.run([sys.executable, '-c', {nested!r}, sys.argv[1]], check=True, timeout=60)")
+    env = {key: value for key, value in os.environ.items() if key != "ZHIE_MACHINE_LOCK_HELD"}
+    done = subprocess.run([sys.executable, "-c", parent, str(CAMPAIGN.parent)], capture_output=True, text=True,
+                          timeout=120, env={**env, "ZHIE_CAMPAIGN_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert "child ran" in done.stdout and "waiting for another benchmark" not in done.stderr
