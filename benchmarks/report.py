@@ -1074,6 +1074,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "tradeoff-t20": lambda: tradeoff_run_table("runs/tradeoff-t20"),
     "tradeoff-t23": lambda: tradeoff_run_table("runs/tradeoff-t23"),
     "tradeoff-t24": lambda: tradeoff_run_table("runs/tradeoff-t24"),
+    "tradeoff-t27": lambda: tradeoff_run_table("runs/tradeoff-t27"),
     "students": students_table,
     "forgetting": forgetting_table,
     "startup": startup_table,
