@@ -54,7 +54,7 @@ import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
-from common import CAMPAIGN_DIR, DATA, LOCK_HELD_ENV, ROOT, machine_lock, portable_paths
+from common import CAMPAIGN_DIR, DATA, ROOT, machine_lock, portable_paths
 from gpu_campaign import ENCODER_SCRIPTS
 
 PLAN = ROOT / "benchmarks" / "campaign.toml"
@@ -141,7 +141,7 @@ def run_row(row: dict, commit: str, tree: Path, directory: Path, results: Path) 
     for old in (out / "results").glob("*.jsonl"):  # what an interrupted session's command had written
         old.unlink()
     command = row["command"].format(python=sys.executable, run_dir=out, runs=directory / "runs", data=DATA)
-    env = {**os.environ, LOCK_HELD_ENV: "1", "ZHIE_RESULTS": str(out / "results"), "ZHIE_DATA": str(DATA),
+    env = {**os.environ, "ZHIE_RESULTS": str(out / "results"), "ZHIE_DATA": str(DATA),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tree / "src"), os.environ.get("PYTHONPATH")]))}
     sessions_path = out / "sessions.json"
     sessions = json.loads(sessions_path.read_text()) if sessions_path.exists() else []

@@ -21,16 +21,15 @@ DATA = Path(os.environ.get("ZHIE_DATA") or ROOT.parent / "shared" / "data")
 RESULTS = Path(os.environ.get("ZHIE_RESULTS") or ROOT / "benchmarks" / "results")
 # The campaign's run directories, worktrees and the machine lock (benchmarks/campaign.py), outside the repository.
 CAMPAIGN_DIR = Path(os.environ.get("ZHIE_CAMPAIGN_DIR") or ROOT.parent / "campaign")
-LOCK_HELD_ENV = "ZHIE_MACHINE_LOCK_HELD"  # set by the campaign runner for the rows it starts
+LOCK_HELD_ENV = "ZHIE_MACHINE_LOCK_HELD"  # set by machine_lock while it holds the lock
 
 
 @contextmanager
 def machine_lock(directory: Path = CAMPAIGN_DIR):
     """Hold the machine for one benchmark: a second benchmark (or the campaign runner's next row) waits until this
-    one ends, so that two never share the cores. A row started by the runner, which holds the lock, passes, and so
-    does ``--help`` (it measures nothing). While held, ``LOCK_HELD_ENV`` is set in this process's environment, so a
-    benchmark it starts (``students.py`` training its teacher by ``ner.py``) passes too instead of waiting forever
-    for its own parent."""
+    one ends, so that two never share the cores. While held, ``LOCK_HELD_ENV`` is set in this process's environment,
+    so what the holder starts passes instead of waiting forever for its own parent: the campaign runner's rows, and
+    ``students.py`` training its teacher by ``ner.py``. ``--help`` passes too (it measures nothing)."""
     if os.environ.get(LOCK_HELD_ENV) or {"-h", "--help"} & set(sys.argv[1:]):
         yield
         return
