@@ -132,7 +132,15 @@ def test_gplinker_errors_are_triples_and_wrong_predicates(tmp_path, capsys):
 
     assert main(["eval", str(best), "--data", str(best.parent.parent / "train.jsonl"), "--errors",
                  str(tmp_path / "e.jsonl")]) == 0
-    assert capsys.readouterr().out.splitlines()[0].split() == ["predicate", "precision", "recall", "f1", "support"]
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0].split() == ["predicate", "precision", "recall", "f1", "support"]
+    assert captured.err == ""  # the model's own predicates
+
+    renamed = (best.parent.parent / "train.jsonl").read_text(encoding="utf-8").replace('"位于"', '"坐落于"')
+    (tmp_path / "other.jsonl").write_text(renamed, encoding="utf-8")
+    n = sum(t.predicate == "坐落于" for ex in read_spo(tmp_path / "other.jsonl") for t in ex.triples)
+    assert main(["eval", str(best), "--data", str(tmp_path / "other.jsonl")]) == 0
+    assert f"the model does not predict, each counted as missed: 坐落于 ({n});" in capsys.readouterr().err and n > 0
 
 
 def test_a_task_without_an_error_report_fails_before_the_model_runs_or_anything_is_written(tmp_path, capsys,

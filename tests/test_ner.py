@@ -221,3 +221,21 @@ def test_eval_on_a_file_without_gold_labels_says_why_every_score_is_0(demo_model
     assert capsys.readouterr().err == (f"zhie: warning: {tmp_path / 'other.jsonl'}: none of its 2 examples has a gold "
                                        "label, so every score is 0 (a test split without labels, or another task's "
                                        "file?)\n")
+
+
+def test_eval_warns_of_gold_types_the_model_does_not_predict(demo_model, tmp_path, capsys):
+    """A file of another schema: its unknown types are scored as missed, and the warning names them with counts."""
+    rows = [{"text": "罗志祥在临江市的恒信银行工作。", "entities": [{"start": 0, "end": 3, "label": "PER"},
+                                                            {"start": 4, "end": 7, "label": "地点"},
+                                                            {"start": 8, "end": 12, "label": "地点"}]},
+            {"text": "周杰去了安平镇。", "entities": [{"start": 0, "end": 2, "label": "人名"}]}]
+    write_ner_jsonl([NerExample(r["text"], [Span(e["start"], e["end"], e["label"], r["text"][e["start"]:e["end"]])
+                                            for e in r["entities"]]) for r in rows], tmp_path / "other.jsonl")
+    assert main(["eval", str(demo_model / "run"), "--data", str(tmp_path / "other.jsonl")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"zhie: warning: {tmp_path / 'other.jsonl'}: 3 gold label(s) of type(s) the model "
+                                   "does not predict, each counted as missed: 地点 (2), 人名 (1);")
+    rows = {line.split()[0]: line.split()[1:] for line in captured.out.splitlines()[1:]}
+    assert rows["地点"] == ["0.0000", "0.0000", "0.0000", "2"] and rows["人名"] == ["0.0000", "0.0000", "0.0000", "1"]
+    assert main(["eval", str(demo_model / "run"), "--data", str(demo_model / "data/dev.jsonl")]) == 0
+    assert capsys.readouterr().err == ""  # the model's own schema: no warning

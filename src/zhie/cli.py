@@ -317,6 +317,12 @@ def cmd_eval(args) -> None:
     if metrics.get("n_gold") == 0:  # scored, but against nothing: say why every score is 0
         print(f"zhie: warning: {args.data}: none of its {len(examples)} examples has a gold label, so every score is 0 "
               "(a test split without labels, or another task's file?)", file=sys.stderr)
+    unknown = pipe.task.unknown_labels(examples)
+    if unknown:  # scored as missed, whatever the model does: another schema's file, or a model of fewer types?
+        listed = ", ".join(f"{label} ({n})" for label, n in unknown.most_common())
+        print(f"zhie: warning: {args.data}: {sum(unknown.values())} gold label(s) of type(s) the model does not "
+              f"predict, each counted as missed: {listed}; the model's own are in its zhie.json (a file of another "
+              "schema? to add types to the model: zhie train ner --from MODEL)", file=sys.stderr)
     if args.errors:
         print(error_report.summary(errors, args.errors))
     if args.json:

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -212,6 +213,11 @@ class Task:
     def report(self, metrics: dict) -> str:
         """What ``zhie eval`` prints."""
         return json.dumps(metrics, ensure_ascii=False)
+
+    def unknown_labels(self, examples: list) -> Counter:
+        """The gold labels of ``examples`` that this task's model cannot predict (not among its entity types or
+        predicates), with their counts: ``zhie eval`` warns of them, as they can only count as missed."""
+        return Counter()
 
     def errors(self, example, prediction) -> list[dict]:
         """What ``prediction`` gets wrong against the labelled ``example`` (``zhie eval --errors``,

@@ -15,6 +15,7 @@ it whole and most centrally, :func:`zhie.core.text.reporting_window`, which says
 from __future__ import annotations
 
 import os
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -234,6 +235,9 @@ class NerTask(WindowedTask):
 
     def report(self, metrics: dict) -> str:
         return prf_table(metrics)
+
+    def unknown_labels(self, examples: list[NerExample]) -> Counter:
+        return Counter(s.label for ex in examples for s in ex.spans if s.label not in self.label_index)
 
     def errors(self, example: NerExample, prediction: list[Span]) -> list[dict]:
         """Each predicted entity that is not gold (``false_positive``), gold one not predicted (``false_negative``) and

@@ -281,6 +281,9 @@ class RelationTask(WindowedTask):
         table = prf_table({**metrics, "micro": {k: metrics[k] for k in ("precision", "recall", "f1")}}, "predicate")
         return f"{table}\nentity f1 {metrics['entity_f1']:.4f}"
 
+    def unknown_labels(self, examples: list[SpoExample]) -> Counter:
+        return Counter(t.predicate for ex in examples for t in ex.triples if t.predicate not in self.predicate_index)
+
     def errors(self, example: SpoExample, prediction: list[Triple]) -> list[dict]:
         """Each predicted triple that is not gold (``false_positive``), gold one not predicted (``false_negative``) and
         subject-object pair predicted with another predicate than its gold one (``wrong_type``), triples compared as
