@@ -322,7 +322,7 @@ def cmd_eval(args) -> None:
         listed = ", ".join(f"{label} ({n})" for label, n in unknown.most_common())
         print(f"zhie: warning: {args.data}: {sum(unknown.values())} gold label(s) of type(s) the model does not "
               f"predict, each counted as missed: {listed}; the model's own are in its zhie.json (a file of another "
-              "schema? to add types to the model: zhie train ner --from MODEL)", file=sys.stderr)
+              "schema?)", file=sys.stderr)
     if args.errors:
         print(error_report.summary(errors, args.errors))
     if args.json:
