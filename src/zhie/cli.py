@@ -240,11 +240,13 @@ def _demo_parser(sub: argparse._SubParsersAction, command: str | None) -> None:
         return
     from zhie.training.config import RunOptions
 
-    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--out", default="runs/demo",
+                      help="the run directory: its corpus in OUT/data, the model in OUT/best (default: %(default)s)")
     demo.add_argument("--encoder", default=RunOptions.encoder, help=f"(default: {RunOptions.encoder})")
-    demo.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"])
-    demo.add_argument("--epochs", type=int, default=2)
-    demo.add_argument("--quiet", action="store_true")
+    demo.add_argument("--head", default="gp", choices=["softmax", "crf", "gp", "egp"],
+                      help="the NER head (default: %(default)s)")
+    demo.add_argument("--epochs", type=int, default=2, help="training epochs (default: %(default)s)")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _task_commands(sub: argparse._SubParsersAction, command: str | None) -> None:
